@@ -1,0 +1,42 @@
+# `make run` and `make test` work on a machine with only python3 (>= 3.11) and make:
+# each creates .venv and installs what it needs the first time.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+TIDAL_HOST ?= 127.0.0.1
+TIDAL_PORT ?= 7411
+TIDAL_DB   ?= ./tidal.db
+export TIDAL_HOST TIDAL_PORT TIDAL_DB
+
+.PHONY: run test lint typecheck pytest clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/tidal serve
+
+test: lint pytest
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest
+
+# mypy cannot follow setuptools' package-dir mapping, so it reads the sources
+# through a tree of links laid out as they are imported (tidal/server -> server).
+lint: $(STAMP)
+	$(BIN)/ruff check server protocol client tests
+	$(BIN)/ruff format --check server protocol client tests
+	rm -rf .lint && mkdir -p .lint/tidal
+	ln -s ../../server .lint/tidal/server
+	ln -s ../../protocol .lint/tidal/protocol
+	ln -s ../../client .lint/tidal/client
+	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml -p tidal.protocol -p tidal.server -p tidal.client
+
+clean:
+	rm -rf $(VENV) .lint .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,32 @@
+"""MessagePack-RPC for tidal, sans-I/O: no sockets, no event loop, only bytes and messages."""
+
+from .connection import DEFAULT_MAX_MESSAGE_SIZE, NEED_DATA, Connection
+from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from .messages import (
+    MSGID_MAX,
+    MSGID_MIN,
+    BadRequest,
+    Event,
+    Message,
+    Notification,
+    Request,
+    Response,
+)
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_SIZE",
+    "MSGID_MAX",
+    "MSGID_MIN",
+    "NEED_DATA",
+    "BadRequest",
+    "Connection",
+    "ErrorCode",
+    "Event",
+    "LocalProtocolError",
+    "Message",
+    "Notification",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "Request",
+    "Response",
+]

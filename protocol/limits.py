@@ -1,0 +1,13 @@
+"""tidal's limits on argument values: one place, read by the server's validation and the client."""
+
+from typing import Final
+
+USER_ID_MAX: Final = 2**64 - 1
+ENTITY_MAX_BYTES: Final = 256
+KIND_MAX_BYTES: Final = 64
+NAME_MAX_BYTES: Final = 128  # community, cohort, attribute names
+ATTR_VALUE_MAX_BYTES: Final = 256
+MAX_COMMUNITIES: Final = 64
+MAX_ATTRS: Final = 64
+MAX_PREDICATE_VALUES: Final = 256
+MAX_BATCH: Final = 10_000

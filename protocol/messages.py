@@ -1,0 +1,51 @@
+"""The three MessagePack-RPC messages, plus the one event a server must answer with an error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+REQUEST: Final = 0
+RESPONSE: Final = 1
+NOTIFICATION: Final = 2
+
+#: Any msgid MessagePack can carry is echoed back unchanged.
+MSGID_MIN: Final = -(2**63)
+MSGID_MAX: Final = 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    msgid: int
+    method: str
+    params: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    msgid: int
+    error: Any
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    method: str
+    params: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BadRequest:
+    """A request whose msgid is known but whose shape is wrong.
+
+    The stream itself is intact, so the connection survives: the receiver
+    answers ``[code, message]`` to ``msgid`` and reads on.
+    """
+
+    msgid: int
+    code: int
+    message: str
+
+
+Message = Request | Response | Notification
+Event = Request | Response | Notification | BadRequest

@@ -1,0 +1,130 @@
+"""The server's life: boot from disk, listen, and shut down in order.
+
+Boot loads leave state from SQLite *before* the socket opens, so no request is
+ever gated by a half-loaded map. Shutdown: stop accepting, stop reading, commit
+and answer what was read, close the connections, close the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+from .config import Config
+from .connection import ServerConnection
+from .engine import Engine
+from .storage import Storage
+
+log = logging.getLogger("tidal.server")
+
+
+class Server:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.connections: set[ServerConnection] = set()
+        self._server: asyncio.Server | None = None
+        self._storage: Storage | None = None
+        self._engine: Engine | None = None
+        self._stopped = asyncio.Event()
+
+    @property
+    def engine(self) -> Engine:
+        assert self._engine is not None, "server not started"
+        return self._engine
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where it listens; with port 0, the port the system picked."""
+        assert self._server is not None, "server not started"
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def start(self) -> None:
+        config = self.config
+        began = time.perf_counter()
+        self._storage = await Storage.open(config.db, config.durability)
+        try:
+            snapshot = await self._storage.load()
+            engine = Engine(self._storage, snapshot, connections=lambda: len(self.connections))
+        except BaseException:
+            await self._storage.close()
+            raise
+        log.info(
+            "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d",
+            config.db,
+            time.perf_counter() - began,
+            len(snapshot.memberships),
+            len(snapshot.cohorts),
+            snapshot.next_seq,
+        )
+        self._engine = engine
+        engine.start()
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], ServerConnection] = lambda: ServerConnection(
+            engine, config, self.connections
+        )
+        try:
+            self._server = await loop.create_server(
+                factory, config.host, config.port, reuse_address=True
+            )
+        except BaseException:
+            await engine.close()
+            await self._storage.close()
+            raise
+        for sock in self._server.sockets:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        host, port = self.address
+        log.info("listening on %s:%d", host, port)
+
+    async def shutdown(self) -> None:
+        """Stop accepting and reading, commit and answer what was read, then close everything."""
+        if self._server is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._server.close()
+        for conn in list(self.connections):
+            conn.drain()
+        try:
+            await asyncio.wait_for(self.engine.close(), self.config.shutdown_timeout)
+        except TimeoutError:
+            log.error("shutdown: pending commits did not finish in %ss", self.config.shutdown_timeout)
+        for conn in list(self.connections):
+            conn.transport.close()  # sends what is buffered, then closes
+        assert self._storage is not None
+        await self._storage.close()
+        log.info("stopped")
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.shutdown()
+
+
+def run(config: Config) -> None:
+    """Serve until SIGINT or SIGTERM, on uvloop when it is installed."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await Server(config).serve(stop)
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; this is for odd platforms
+        log.warning("uvloop is not installed; using asyncio's default event loop")
+        return None
+    return uvloop.new_event_loop

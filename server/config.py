@@ -1,0 +1,23 @@
+"""Server settings; the CLI fills them from flags and ``TIDAL_*`` environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
+
+from .storage import Durability
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 7411
+    db: str = "./tidal.db"
+    durability: Durability = "full"
+    #: A message over this many bytes gets error 3 and its connection is closed.
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    #: Requests read but not yet answered, per connection; past it we stop reading.
+    max_inflight: int = 4096
+    #: How long a graceful shutdown may take before connections are cut.
+    shutdown_timeout: float = 10.0

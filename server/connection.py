@@ -1,0 +1,156 @@
+"""The asyncio shell around one client: bytes from the socket into the protocol, replies out.
+
+It stays thin: decoding lives in ``tidal.protocol``, meaning in the engine.
+Replies produced while handling one chunk of input, or by one group commit,
+leave in a single ``transport.write``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+from tidal.protocol import (
+    NEED_DATA,
+    BadRequest,
+    Connection,
+    ErrorCode,
+    LocalProtocolError,
+    Notification,
+    RemoteProtocolError,
+    Request,
+)
+
+from .config import Config
+from .engine import Engine
+
+log = logging.getLogger("tidal.connection")
+
+
+class FlowControl:
+    """Reading stops for either of two reasons and resumes only when both have passed:
+    too many requests awaiting replies, or a peer that does not read its replies."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._busy = False
+        self._blocked = False
+        self._reading = True
+
+    def _update(self) -> None:
+        want = not (self._busy or self._blocked)
+        if want == self._reading or self._transport.is_closing():
+            return
+        self._reading = want
+        if want:
+            self._transport.resume_reading()
+        else:
+            self._transport.pause_reading()
+
+    def busy(self, value: bool) -> None:
+        self._busy = value
+        self._update()
+
+    def blocked(self, value: bool) -> None:
+        self._blocked = value
+        self._update()
+
+
+class ServerConnection(asyncio.Protocol):
+    def __init__(self, engine: Engine, config: Config, connections: set[ServerConnection]) -> None:
+        self._engine = engine
+        self._max_inflight = config.max_inflight
+        self._max_message_size = config.max_message_size
+        self._connections = connections
+        self._out: list[bytes] = []
+        self.inflight = 0
+        self.closed = False
+        self.draining = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = cast(asyncio.Transport, transport)
+        self.peer = self.transport.get_extra_info("peername")
+        self.conn = Connection(max_message_size=self._max_message_size)
+        self.flow = FlowControl(self.transport)
+        self._connections.add(self)
+        log.debug("connection from %s", self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._connections.discard(self)
+        log.debug("connection from %s closed%s", self.peer, f": {exc}" if exc else "")
+
+    def pause_writing(self) -> None:
+        self.flow.blocked(True)
+
+    def resume_writing(self) -> None:
+        self.flow.blocked(False)
+
+    def data_received(self, data: bytes) -> None:
+        if self.draining:
+            return  # shutting down: what was not read before is not taken on
+        engine = self._engine
+        conn = self.conn
+        try:
+            conn.receive_data(data)
+            while True:
+                event = conn.next_event()
+                if event is NEED_DATA:
+                    break
+                if type(event) is Request:
+                    self.inflight += 1
+                    engine.handle(self, event.msgid, event.method, event.params)
+                elif type(event) is Notification:
+                    engine.handle(self, None, event.method, event.params)
+                elif type(event) is BadRequest:
+                    self.inflight += 1
+                    self.reply_error(event.msgid, event.code, event.message)
+                # a stray Response is ignored: we never send requests
+        except RemoteProtocolError as exc:
+            self._protocol_failure(exc)
+        self.flush()
+        if self.inflight >= self._max_inflight:
+            self.flow.busy(True)
+
+    def _protocol_failure(self, exc: RemoteProtocolError) -> None:
+        log.info("closing connection from %s: %s", self.peer, exc)
+        if exc.msgid is not None:
+            self.inflight += 1
+            self.reply_error(exc.msgid, exc.code, str(exc))
+        self.flush()
+        self.transport.close()
+
+    # -- the Replier the engine answers through ---------------------------
+
+    def reply(self, msgid: int, result: Any) -> None:
+        self.inflight -= 1
+        if self.closed:
+            return
+        try:
+            data = self.conn.send_response(msgid, None, result)
+        except LocalProtocolError:
+            log.exception("cannot encode the reply to %d", msgid)
+            error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded"]
+            data = self.conn.send_response(msgid, error, None)
+        self._out.append(data)
+
+    def reply_error(self, msgid: int, code: int, message: str) -> None:
+        self.inflight -= 1
+        if self.closed:
+            return
+        self._out.append(self.conn.send_response(msgid, [int(code), message], None))
+
+    def flush(self) -> None:
+        if self._out:
+            if not self.closed:
+                self.transport.write(b"".join(self._out))
+            self._out.clear()
+        if self.inflight <= self._max_inflight // 2:
+            self.flow.busy(False)
+
+    def drain(self) -> None:
+        """Stop reading for shutdown; requests already read are still answered."""
+        self.draining = True
+        self.flow.busy(True)

@@ -1,0 +1,364 @@
+"""The engine: requests change memory in the order they are read; replies wait for the disk.
+
+Two promises meet here. *Zero window*: a request is applied the moment it is
+read, so a signal read after a leave is gated even before the leave's reply is
+sent. *Acknowledged means durable*: every reply that reveals a write, whether
+the write's own acknowledgement or a later read that sees it, waits until the
+batch holding that write has committed. Writes from all connections share a
+batch; while one batch commits, the next one fills (group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgpack
+
+from tidal.protocol import ErrorCode
+from tidal.protocol.limits import ENTITY_MAX_BYTES
+
+from . import params
+from .batch import COHORT, COMMUNITY, LEDGER, Batch, CountsRead, Replier
+from .cohorts import Cohort, matching
+from .members import Members
+from .params import InvalidParams, SignalArgs
+from .storage import Snapshot, Storage, StorageFailure, to_db
+
+log = logging.getLogger("tidal.engine")
+
+VERSION: Final = "0.1.0"
+
+Handler = Callable[[Replier, int | None, list[Any]], None]
+
+
+class Unavailable(Exception):
+    """Answered as error 2: storage has failed and writes are refused rather than diverge."""
+
+
+class Engine:
+    def __init__(
+        self,
+        storage: Storage,
+        snapshot: Snapshot,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        connections: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self._storage = storage
+        self._clock = clock
+        self._connections = connections
+        self.members = Members()
+        self.members.load(snapshot.memberships)
+        self._cohorts: dict[str, Cohort] = {
+            name: Cohort.build(cid, name, predicate) for cid, name, predicate in snapshot.cohorts
+        }
+        self._cohort_names: dict[int, str] | None = None
+        self._next_seq = snapshot.next_seq
+        self._next_cohort_id = snapshot.next_cohort_id
+        self._open = Batch(self._next_seq)
+        self._inflight: Batch | None = None
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._failed: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = time.monotonic()
+        self.signals = self.forwarded = 0
+        self._methods: dict[str, Handler] = {
+            "ping": self._ping,
+            "signal": self._signal,
+            "signal_batch": self._signal_batch,
+            "leave": self._leave,
+            "rejoin": self._rejoin,
+            "status": self._status,
+            "define_cohort": self._define_cohort,
+            "drop_cohort": self._drop_cohort,
+            "cohorts": self._list_cohorts,
+            "counts": self._counts,
+            "stats": self._stats,
+        }
+
+    # -- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-writer")
+
+    async def close(self) -> None:
+        """Commit and answer everything already read, then stop the writer."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    @property
+    def failed(self) -> str | None:
+        """Why storage refuses writes, once a commit has failed in a way that can't pass."""
+        return self._failed
+
+    # -- requests --------------------------------------------------------
+
+    def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
+        """Apply one request now; its reply goes out now or when its batch is durable.
+
+        ``msgid`` is None for a notification: it is applied, never answered.
+        """
+        handler = self._methods.get(method)
+        try:
+            if handler is None:
+                raise _NotFound(f"method not found: {method!r}")
+            handler(conn, msgid, args)
+        except InvalidParams as exc:
+            self._refuse(conn, msgid, ErrorCode.INVALID_PARAMS, str(exc))
+        except Unavailable as exc:
+            self._refuse(conn, msgid, ErrorCode.UNAVAILABLE, str(exc))
+        except _NotFound as exc:
+            self._refuse(conn, msgid, ErrorCode.METHOD_NOT_FOUND, str(exc))
+        except Exception:
+            log.exception("internal error in %s", method)
+            self._refuse(conn, msgid, ErrorCode.INTERNAL_ERROR, f"internal error in {method}")
+
+    @staticmethod
+    def _refuse(conn: Replier, msgid: int | None, code: int, message: str) -> None:
+        if msgid is not None:
+            conn.reply_error(msgid, code, message)
+
+    def _ack(self, conn: Replier, msgid: int | None, result: Any) -> None:
+        """A write's reply: sent once the batch it joined has committed."""
+        if msgid is not None:
+            self._open.replies.append((conn, msgid, result))
+        self._wake.set()
+
+    def _answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
+        """A read's reply: now, unless it could show a write that is not yet on disk."""
+        if msgid is None:
+            return
+        inflight = self._inflight
+        if self._open.writes or (inflight is not None and inflight.writes):
+            self._open.replies.append((conn, msgid, result))
+            self._wake.set()
+        else:
+            conn.reply(msgid, result)
+
+    def _writable(self) -> Batch:
+        if self._failed is not None:
+            raise Unavailable(
+                f"storage failed ({self._failed}); writes are refused until the server"
+                " is restarted on a healthy disk"
+            )
+        return self._open
+
+    # -- methods ---------------------------------------------------------
+
+    def _ping(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "ping", "none", 0, 0)
+        if msgid is not None:
+            conn.reply(msgid, "pong")
+
+    def _signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        signal = params.signal(args)
+        batch = self._writable()
+        self._ack(conn, msgid, self._record(batch, signal, self._clock()))
+
+    def _signal_batch(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        signals = params.signal_batch(args)  # all valid, or none applied
+        batch = self._writable()
+        now = self._clock()
+        record = self._record
+        self._ack(conn, msgid, [record(batch, s, now) for s in signals])
+
+    def _record(self, batch: Batch, s: SignalArgs, now_ns: int) -> dict[str, Any]:
+        """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
+        forwarded = not self.members.is_left(s.user_id)
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        context = (
+            msgpack.packb({"communities": s.communities, "attrs": s.attrs}, use_bin_type=True)
+            if s.communities or s.attrs
+            else None
+        )
+        writes = batch.writes_step()
+        writes.ledger.append(
+            (seq, to_db(s.user_id), s.entity, s.kind, s.weight, now_ns, forwarded, context)
+        )
+        writes.add((s.entity, LEDGER, "", s.kind), s.weight)
+        if forwarded:
+            for cohort in matching(self._cohorts.values(), s.attrs):
+                writes.add((s.entity, COHORT, cohort.id, s.kind), s.weight)
+            for community in s.communities:
+                writes.add((s.entity, COMMUNITY, community, s.kind), s.weight)
+            batch.forwarded += 1
+        batch.signals += 1
+        batch.writes += 1
+        return {"seq": seq, "forwarded": forwarded}
+
+    def _leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "leave", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        batch = self._writable()
+        prior = self.members.prior(user_id)
+        membership = self.members.leave(user_id, self._clock())
+        assert membership.left_at_ns is not None
+        batch.member(user_id, prior, True, membership.left_at_ns)
+        self._ack(conn, msgid, membership.wire())
+
+    def _rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "rejoin", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        batch = self._writable()
+        prior = self.members.prior(user_id)
+        membership = self.members.rejoin(user_id)
+        if prior is not None and prior[0]:
+            assert membership.left_at_ns is not None
+            batch.member(user_id, prior, False, membership.left_at_ns)
+            self._ack(conn, msgid, membership.wire())
+        else:  # already active: nothing to write
+            self._answer(conn, msgid, membership.wire())
+
+    def _status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "status", "user_id", 1, 1)
+        self._answer(conn, msgid, self.members.status(params.user_id(args[0])).wire())
+
+    def _define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "define_cohort", "name, predicate", 2, 2)
+        name = params.cohort_name(args[0])
+        predicate = params.predicate(args[1])
+        batch = self._writable()
+        old = self._cohorts.get(name)
+        cohort = Cohort.build(self._next_cohort_id, name, predicate)
+        if old is not None and old.same_rule(cohort):
+            self._answer(conn, msgid, True)  # the same cohort again: its counts go on
+            return
+        self._next_cohort_id += 1
+        self._set_cohort(batch, name, old, cohort)
+        batch.next_cohort_id = self._next_cohort_id
+        self._ack(conn, msgid, True)
+
+    def _drop_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "drop_cohort", "name", 1, 1)
+        name = params.cohort_name(args[0])
+        batch = self._writable()
+        old = self._cohorts.get(name)
+        if old is None:
+            self._answer(conn, msgid, False)
+            return
+        self._set_cohort(batch, name, old, None)
+        self._ack(conn, msgid, True)
+
+    def _set_cohort(self, batch: Batch, name: str, old: Cohort | None, new: Cohort | None) -> None:
+        batch.undo.append(("cohort", name, old))
+        batch.cohorts[name] = new
+        batch.writes += 1
+        self._put_cohort(name, new)
+
+    def _put_cohort(self, name: str, cohort: Cohort | None) -> None:
+        if cohort is None:
+            self._cohorts.pop(name, None)
+        else:
+            self._cohorts[name] = cohort
+        self._cohort_names = None
+
+    def _list_cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "cohorts", "none", 0, 0)
+        self._answer(conn, msgid, {name: c.predicate for name, c in self._cohorts.items()})
+
+    def _counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "counts", "entity", 1, 1)
+        entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
+        if msgid is None:
+            return
+        if self._cohort_names is None:
+            self._cohort_names = {c.id: name for name, c in self._cohorts.items()}
+        read = CountsRead(entity, self._cohort_names)
+        self._open.steps.append(read)
+        self._open.replies.append((conn, msgid, read))
+        self._wake.set()
+
+    def _stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "stats", "none", 0, 0)
+        signals = self.signals
+        self._answer(
+            conn,
+            msgid,
+            {
+                "version": VERSION,
+                "uptime_s": round(time.monotonic() - self._started, 3),
+                "connections": self._connections(),
+                "signals": signals,
+                "forwarded": self.forwarded,
+                "gated": signals - self.forwarded,
+                "users_left": len(self.members),
+                "commits": self._storage.commits,
+                "storage": "failed" if self._failed else "ok",
+            },
+        )
+
+    # -- the writer ------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = self._open
+            if not batch.pending():
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._open = Batch(self._next_seq)
+            self._inflight = batch
+            try:
+                await self._storage.commit(batch)
+            except StorageFailure as exc:
+                self._fail(batch, exc)
+            except Exception as exc:  # a bug must not pass for a commit
+                log.exception("writer failed")
+                self._fail(batch, StorageFailure(f"writer failed: {exc!r}", transient=False))
+            else:
+                self._deliver(batch)
+            finally:
+                self._inflight = None
+
+    def _deliver(self, batch: Batch) -> None:
+        self.signals += batch.signals
+        self.forwarded += batch.forwarded
+        touched: dict[Replier, None] = {}
+        for conn, msgid, result in batch.replies:
+            conn.reply(msgid, result.answer() if type(result) is CountsRead else result)
+            touched[conn] = None
+        for conn in touched:
+            conn.flush()
+
+    def _fail(self, batch: Batch, exc: StorageFailure) -> None:
+        """Undo in memory what the disk refused, and refuse every reply that depended on it.
+
+        The open batch was built on top of the failed one (its signals were gated
+        by its leaves), so it fails with it.
+        """
+        later = self._open
+        for failed in (later, batch):
+            for what, key, prior in reversed(failed.undo):
+                if what == "member":
+                    self.members.restore(key, prior)
+                else:
+                    self._put_cohort(key, prior)
+        self._next_seq = batch.first_seq
+        self._open = Batch(self._next_seq)
+        if exc.transient:
+            log.error("%s; the writes in it were refused, later writes will be tried", exc)
+        else:
+            self._failed = str(exc)
+            log.critical("%s; refusing all writes until restarted", exc)
+        message = f"storage unavailable: {exc}; nothing of this request was saved"
+        touched: dict[Replier, None] = {}
+        for failed in (batch, later):
+            for conn, msgid, _ in failed.replies:
+                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
+                touched[conn] = None
+        for conn in touched:
+            conn.flush()
+
+
+class _NotFound(Exception):
+    pass

@@ -1,0 +1,210 @@
+"""Validation at the edge: every parameter is checked here, and nowhere else.
+
+Each failure is an ``InvalidParams`` whose message names the argument and the
+rule it broke, so a caller can fix the request without reading our source.
+Strings arrive as msgpack str or bin; both are accepted as UTF-8 text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from tidal.protocol.limits import (
+    ATTR_VALUE_MAX_BYTES,
+    ENTITY_MAX_BYTES,
+    KIND_MAX_BYTES,
+    MAX_ATTRS,
+    MAX_BATCH,
+    MAX_COMMUNITIES,
+    MAX_PREDICATE_VALUES,
+    NAME_MAX_BYTES,
+    USER_ID_MAX,
+)
+
+Scalar: TypeAlias = str | int | float | bool
+#: attribute -> the value it must have, or an array of values it may have
+Predicate: TypeAlias = dict[str, Scalar | list[Scalar]]
+
+
+class InvalidParams(Exception):
+    """Answered as -32602 with this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class SignalArgs:
+    user_id: int
+    entity: str
+    kind: str
+    weight: float
+    communities: tuple[str, ...]
+    attrs: dict[str, Scalar]
+
+
+def arity(params: list[Any], method: str, names: str, least: int, most: int) -> None:
+    if not least <= len(params) <= most:
+        count = str(least) if least == most else f"{least} to {most}"
+        raise InvalidParams(f"{method} takes {count} params ({names}), got {len(params)}")
+
+
+def user_id(value: object, where: str = "user_id") -> int:
+    if type(value) is not int or not 0 <= value <= USER_ID_MAX:
+        raise InvalidParams(
+            f"{where}: must be an integer in 0..2**64-1, got {_describe(value)}"
+        )
+    return value
+
+
+def text(value: object, where: str, max_bytes: int) -> str:
+    """A str (or UTF-8 bin) of 1..max_bytes bytes once encoded as UTF-8."""
+    if type(value) is bytes:
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidParams(f"{where}: must be valid UTF-8") from None
+    if type(value) is not str:
+        raise InvalidParams(f"{where}: must be a string, got {_describe(value)}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # surrogate-escaped bytes that were not UTF-8
+        raise InvalidParams(f"{where}: must be valid UTF-8") from None
+    if not 1 <= size <= max_bytes:
+        raise InvalidParams(f"{where}: must be 1..{max_bytes} bytes of UTF-8, got {size}")
+    return value
+
+
+def weight(value: object, where: str = "weight") -> float:
+    if type(value) is int:
+        return float(value)
+    if type(value) is float and math.isfinite(value):
+        return value
+    raise InvalidParams(f"{where}: must be a finite number, got {_describe(value)}")
+
+
+def scalar(value: object, where: str) -> Scalar:
+    if type(value) is bool or type(value) is int:
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise InvalidParams(f"{where}: must be a finite number, got {value!r}")
+        return value
+    if type(value) is str or type(value) is bytes:
+        return _value_text(value, where)
+    raise InvalidParams(f"{where}: must be a str, int, float or bool, got {_describe(value)}")
+
+
+def _value_text(value: str | bytes, where: str) -> str:
+    # Attribute values may be empty strings, unlike names.
+    if value in ("", b""):
+        return ""
+    return text(value, where, ATTR_VALUE_MAX_BYTES)
+
+
+def signal(params: list[Any], where: str = "") -> SignalArgs:
+    arity(
+        params,
+        where.rstrip(".") or "signal",
+        "user_id, entity, kind, weight=1.0, context={}",
+        3,
+        5,
+    )
+    uid = user_id(params[0], f"{where}user_id")
+    entity = text(params[1], f"{where}entity", ENTITY_MAX_BYTES)
+    kind = text(params[2], f"{where}kind", KIND_MAX_BYTES)
+    w = weight(params[3], f"{where}weight") if len(params) > 3 else 1.0
+    communities: tuple[str, ...] = ()
+    attrs: dict[str, Scalar] = {}
+    if len(params) > 4 and params[4] is not None:
+        communities, attrs = _context(params[4], f"{where}context")
+    return SignalArgs(uid, entity, kind, w, communities, attrs)
+
+
+def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scalar]]:
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map, got {_describe(value)}")
+    communities: tuple[str, ...] = ()
+    attrs: dict[str, Scalar] = {}
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key == "communities":
+            communities = _communities(item, f"{where}.communities")
+        elif key == "attrs":
+            attrs = _attrs(item, f"{where}.attrs")
+        else:
+            raise InvalidParams(
+                f"{where}: unknown key {key!r}; the keys are 'communities' and 'attrs'"
+            )
+    return communities, attrs
+
+
+def _communities(value: object, where: str) -> tuple[str, ...]:
+    if type(value) is not list:
+        raise InvalidParams(f"{where}: must be an array of names, got {_describe(value)}")
+    if len(value) > MAX_COMMUNITIES:
+        raise InvalidParams(f"{where}: at most {MAX_COMMUNITIES} names, got {len(value)}")
+    names = [text(item, f"{where}[{i}]", NAME_MAX_BYTES) for i, item in enumerate(value)]
+    return tuple(dict.fromkeys(names))  # a community named twice is counted once
+
+
+def _attrs(value: object, where: str) -> dict[str, Scalar]:
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map, got {_describe(value)}")
+    if len(value) > MAX_ATTRS:
+        raise InvalidParams(f"{where}: at most {MAX_ATTRS} attributes, got {len(value)}")
+    out: dict[str, Scalar] = {}
+    for raw_key, item in value.items():
+        key = text(raw_key, f"{where} key", NAME_MAX_BYTES)
+        out[key] = scalar(item, f"{where}[{key!r}]")
+    return out
+
+
+def signal_batch(params: list[Any]) -> list[SignalArgs]:
+    arity(params, "signal_batch", "signals", 1, 1)
+    items = params[0]
+    if type(items) is not list:
+        raise InvalidParams(f"signals: must be an array of signals, got {_describe(items)}")
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise InvalidParams(f"signals: must hold 1..{MAX_BATCH} signals, got {len(items)}")
+    out = []
+    for i, item in enumerate(items):
+        if type(item) is not list:
+            raise InvalidParams(
+                f"signals[{i}]: must be an array [user_id, entity, kind, weight?, context?],"
+                f" got {_describe(item)}"
+            )
+        out.append(signal(item, f"signals[{i}]."))
+    return out
+
+
+def cohort_name(value: object) -> str:
+    return text(value, "name", NAME_MAX_BYTES)
+
+
+def predicate(value: object) -> Predicate:
+    where = "predicate"
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map of attribute to value(s), got {_describe(value)}")
+    if len(value) > MAX_ATTRS:
+        raise InvalidParams(f"{where}: at most {MAX_ATTRS} attributes, got {len(value)}")
+    out: Predicate = {}
+    for raw_key, item in value.items():
+        key = text(raw_key, f"{where} key", NAME_MAX_BYTES)
+        at = f"{where}[{key!r}]"
+        if type(item) is list:
+            if not 1 <= len(item) <= MAX_PREDICATE_VALUES:
+                raise InvalidParams(
+                    f"{at}: an array must hold 1..{MAX_PREDICATE_VALUES} values, got {len(item)}"
+                )
+            out[key] = [scalar(v, f"{at}[{i}]") for i, v in enumerate(item)]
+        else:
+            out[key] = scalar(item, at)
+    return out
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "nil"
+    if type(value) is bool or type(value) is int or type(value) is float:
+        return f"{type(value).__name__} {value!r}"
+    return type(value).__name__
