@@ -8,9 +8,10 @@ drops, so no caller waits forever on a reply that cannot come.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from tidal.protocol import (
     NEED_DATA,
@@ -25,6 +26,13 @@ from .errors import CallTimeout, ConnectionLost, from_wire
 from .types import Counts, Membership, Scalar, Signal, SignalAck, _context
 
 DEFAULT_TIMEOUT = 30.0
+
+
+class _Default(enum.Enum):
+    TIMEOUT = enum.auto()
+
+
+DEFAULT: Final = _Default.TIMEOUT  # "the client's timeout", distinct from None (no timeout)
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -133,8 +141,13 @@ class Client:
             transport.abort()
             await self._protocol.closed
 
-    async def call(self, method: str, *params: Any, timeout: float | None = ...) -> Any:  # type: ignore[assignment]
-        """Send one request and wait for its reply; the raw result, as the server sent it."""
+    async def call(
+        self, method: str, *params: Any, timeout: float | _Default | None = DEFAULT
+    ) -> Any:
+        """Send one request and wait for its reply; the raw result, as the server sent it.
+
+        ``timeout`` defaults to the one given to ``connect``; None waits for ever.
+        """
         protocol = self._protocol
         if protocol.lost is not None:
             raise protocol.lost
@@ -146,7 +159,7 @@ class Client:
         protocol.pending[msgid] = future
         protocol.transport.write(data)
         await protocol.drain()
-        limit = self._timeout if timeout is ... else timeout
+        limit = self._timeout if isinstance(timeout, _Default) else timeout
         try:
             return await asyncio.wait_for(future, limit)
         except TimeoutError:

@@ -41,7 +41,10 @@ class Tally:
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """An entity's aggregates: ``ledger[kind]``, ``cohorts[name][kind]``, ``communities[name][kind]``."""
+    """An entity's aggregates.
+
+    ``ledger[kind]``, ``cohorts[name][kind]`` and ``communities[name][kind]`` are tallies.
+    """
 
     ledger: dict[str, Tally] = field(default_factory=dict)
     cohorts: dict[str, dict[str, Tally]] = field(default_factory=dict)

@@ -7,6 +7,7 @@ is bounded by ``max_message_size``.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Final, NoReturn, TypeGuard
 
 import msgpack
@@ -89,12 +90,20 @@ class Connection:
             strict_map_key=False,
             unicode_errors="surrogateescape",
             max_buffer_size=2 * max_message_size,
+            # every element takes at least one byte, so these only refuse early
+            # what the size limit would refuse later
+            max_str_len=max_message_size,
+            max_bin_len=max_message_size,
+            max_array_len=max_message_size,
+            max_map_len=max_message_size,
+            max_ext_len=max_message_size,
         )
         self._packer = msgpack.Packer(use_bin_type=True, autoreset=True)
         self._broken: RemoteProtocolError | None = None
-        self._fed = 0  # bytes fed since the stream began
+        self._input: deque[bytes | memoryview] = deque()  # received, not yet given to msgpack
+        self._fed = 0  # bytes given to msgpack since the stream began
         self._boundary = 0  # stream offset where the pending message starts
-        self._last_chunk = b""
+        self._last_piece: bytes | memoryview = b""
         self._head = b""  # first bytes of the pending message, to name it if it is refused
 
     # -- receiving -------------------------------------------------------
@@ -102,41 +111,59 @@ class Connection:
     def receive_data(self, data: bytes) -> None:
         if self._broken is not None:
             raise self._broken
-        if not data:
-            return
-        if len(self._head) < _HEAD_SIZE and self._fed - self._boundary == len(self._head):
-            self._head += bytes(data[: _HEAD_SIZE - len(self._head)])
-        self._fed += len(data)
-        self._last_chunk = data
-        try:
-            self._unpacker.feed(data)
-        except msgpack.BufferFull:
-            self._too_large()
+        if data:
+            self._input.append(data)
 
     def next_event(self) -> Event | _NeedData:
         """The next complete event, or ``NEED_DATA``; raises ``RemoteProtocolError``."""
         if self._broken is not None:
             raise self._broken
-        try:
-            obj = self._unpacker.unpack()
-        except msgpack.OutOfData:
-            if self._fed - self._boundary > self.max_message_size:
-                self._too_large()
-            return NEED_DATA
-        except Exception as exc:  # FormatError, StackError, limits, unhashable map keys
-            self._break(
-                RemoteProtocolError(f"malformed MessagePack: {exc!r}", ErrorCode.PARSE_ERROR)
-            )
+        while True:
+            try:
+                obj = self._unpacker.unpack()
+            except msgpack.OutOfData:
+                if self._fed - self._boundary > self.max_message_size:
+                    self._too_large()
+                if not self._feed():
+                    return NEED_DATA
+                continue
+            except ValueError as exc:
+                if "exceeds max_" in str(exc):
+                    self._too_large()
+                self._malformed(exc)
+            except Exception as exc:  # FormatError, StackError, unhashable map keys
+                self._malformed(exc)
+            break
         end = self._unpacker.tell()
         if end - self._boundary > self.max_message_size:
             self._too_large()
         self._boundary = end
-        offset = end - (self._fed - len(self._last_chunk))
-        self._head = bytes(self._last_chunk[offset : offset + _HEAD_SIZE]) if offset >= 0 else b""
+        offset = end - (self._fed - len(self._last_piece))
+        self._head = bytes(self._last_piece[offset : offset + _HEAD_SIZE])
         return self._classify(obj)
 
-    def _too_large(self) -> None:
-        self._break(
+    def _feed(self) -> bool:
+        """Hand msgpack the next piece of input, never more than one message's worth at once,
+        so its buffer stays bounded however large the chunks we are given."""
+        if not self._input:
+            return False
+        piece = self._input.popleft()
+        if len(piece) > self.max_message_size:
+            view = memoryview(piece)
+            piece, rest = view[: self.max_message_size], view[self.max_message_size :]
+            self._input.appendleft(rest)
+        if len(self._head) < _HEAD_SIZE and self._fed - self._boundary == len(self._head):
+            self._head += bytes(piece[: _HEAD_SIZE - len(self._head)])
+        self._fed += len(piece)
+        self._last_piece = piece
+        try:
+            self._unpacker.feed(piece)
+        except msgpack.BufferFull:
+            self._too_large()
+        return True
+
+    def _too_large(self) -> NoReturn:
+        raise self._break(
             RemoteProtocolError(
                 f"message too large: the limit is {self.max_message_size} bytes",
                 ErrorCode.TOO_LARGE,
@@ -144,18 +171,28 @@ class Connection:
             )
         )
 
-    def _break(self, error: RemoteProtocolError) -> NoReturn:
+    def _malformed(self, exc: Exception) -> NoReturn:
+        raise self._break(
+            RemoteProtocolError(
+                f"malformed MessagePack: {exc!r}", ErrorCode.PARSE_ERROR, _peek_msgid(self._head)
+            )
+        )
+
+    def _break(self, error: RemoteProtocolError) -> RemoteProtocolError:
+        """Remember the error: every later call raises it again."""
         self._broken = error
-        raise error
+        return error
 
     def _classify(self, obj: object) -> Event:
         if type(obj) is not list or not obj or not _is_int(obj[0]):
-            self._break(RemoteProtocolError("a message must be an array starting with its type"))
+            raise self._break(
+                RemoteProtocolError("a message must be an array starting with its type")
+            )
         kind = obj[0]
         if kind == REQUEST:
             msgid = obj[1] if len(obj) > 1 else None
             if not _is_int(msgid):
-                self._break(RemoteProtocolError("a request's msgid must be an integer"))
+                raise self._break(RemoteProtocolError("a request's msgid must be an integer"))
             if len(obj) != 4:
                 return BadRequest(
                     msgid,
@@ -174,13 +211,13 @@ class Connection:
         if kind == NOTIFICATION:
             method = _method_name(obj[1]) if len(obj) == 3 else None
             if method is None or type(obj[2]) is not list:
-                self._break(RemoteProtocolError("a notification is [2, method, params]"))
+                raise self._break(RemoteProtocolError("a notification is [2, method, params]"))
             return Notification(method, obj[2])
         if kind == RESPONSE:
             if len(obj) != 4 or not _is_int(obj[1]):
-                self._break(RemoteProtocolError("a response is [1, msgid, error, result]"))
+                raise self._break(RemoteProtocolError("a response is [1, msgid, error, result]"))
             return Response(obj[1], obj[2], obj[3])
-        self._break(RemoteProtocolError(f"unknown message type {kind}"))
+        raise self._break(RemoteProtocolError(f"unknown message type {kind}"))
 
     # -- sending ---------------------------------------------------------
 
@@ -219,7 +256,7 @@ class Connection:
 
 
 def _check_msgid(msgid: object) -> None:
-    if not _is_int(msgid) or not MSGID_MIN <= msgid <= MSGID_MAX:  # type: ignore[operator]
+    if not _is_int(msgid) or not MSGID_MIN <= msgid <= MSGID_MAX:
         raise LocalProtocolError(f"msgid must be an integer in {MSGID_MIN}..{MSGID_MAX}")
 
 

@@ -64,9 +64,10 @@ class Server:
         self._engine = engine
         engine.start()
         loop = asyncio.get_running_loop()
-        factory: Callable[[], ServerConnection] = lambda: ServerConnection(
-            engine, config, self.connections
-        )
+
+        def factory() -> ServerConnection:
+            return ServerConnection(engine, config, self.connections)
+
         try:
             self._server = await loop.create_server(
                 factory, config.host, config.port, reuse_address=True
@@ -92,7 +93,9 @@ class Server:
         try:
             await asyncio.wait_for(self.engine.close(), self.config.shutdown_timeout)
         except TimeoutError:
-            log.error("shutdown: pending commits did not finish in %ss", self.config.shutdown_timeout)
+            log.error(
+                "shutdown: pending commits did not finish in %ss", self.config.shutdown_timeout
+            )
         for conn in list(self.connections):
             conn.transport.close()  # sends what is buffered, then closes
         assert self._storage is not None

@@ -68,7 +68,7 @@ class CountsRead:
             if layer == LEDGER:
                 ledger[kind] = entry
             elif layer == COHORT:
-                name = self.cohort_names.get(key)  # type: ignore[call-overload]
+                name = self.cohort_names.get(key) if isinstance(key, int) else None
                 if name is not None:
                     cohorts.setdefault(name, {})[kind] = entry
             else:

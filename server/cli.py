@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     call = commands.add_parser(
         "call",
         help="call one method and print its result as JSON",
-        description="Arguments are read as JSON where they parse (42, true, [1], {\"a\": 1}),"
+        description='Arguments are read as JSON where they parse (42, true, [1], {"a": 1}),'
         " as strings otherwise. Exit status 1 on an error reply, 2 on a connection failure.",
     )
     call.add_argument("method")

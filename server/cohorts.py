@@ -36,7 +36,7 @@ class Cohort:
     @classmethod
     def build(cls, cohort_id: int, name: str, predicate: Predicate) -> Cohort:
         wanted = tuple(
-            (attr, frozenset(_tag(v) for v in (values if type(values) is list else [values])))
+            (attr, frozenset(_tag(v) for v in (values if isinstance(values, list) else [values])))
             for attr, values in predicate.items()
         )
         return cls(cohort_id, name, predicate, wanted)

@@ -50,9 +50,7 @@ def arity(params: list[Any], method: str, names: str, least: int, most: int) -> 
 
 def user_id(value: object, where: str = "user_id") -> int:
     if type(value) is not int or not 0 <= value <= USER_ID_MAX:
-        raise InvalidParams(
-            f"{where}: must be an integer in 0..2**64-1, got {_describe(value)}"
-        )
+        raise InvalidParams(f"{where}: must be an integer in 0..2**64-1, got {_describe(value)}")
     return value
 
 
@@ -184,7 +182,9 @@ def cohort_name(value: object) -> str:
 def predicate(value: object) -> Predicate:
     where = "predicate"
     if type(value) is not dict:
-        raise InvalidParams(f"{where}: must be a map of attribute to value(s), got {_describe(value)}")
+        raise InvalidParams(
+            f"{where}: must be a map of attribute to value(s), got {_describe(value)}"
+        )
     if len(value) > MAX_ATTRS:
         raise InvalidParams(f"{where}: at most {MAX_ATTRS} attributes, got {len(value)}")
     out: Predicate = {}

@@ -7,11 +7,12 @@ ids (unsigned 64-bit on the wire) are stored in two's complement.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import aiosqlite
 import msgpack
@@ -71,9 +72,9 @@ _UPSERT_AGGREGATE: Final = (
     "INSERT INTO aggregates (entity, layer, key, kind, count, weight) VALUES (?, ?, ?, ?, ?, ?)"
     " ON CONFLICT DO UPDATE SET count = count + excluded.count, weight = weight + excluded.weight"
 )
-_SELECT_COUNTS: Final = (
-    "SELECT layer, key, kind, count, weight FROM aggregates WHERE entity = ? ORDER BY layer, key, kind"
-)
+_SELECT_COUNTS: Final = """
+    SELECT layer, key, kind, count, weight FROM aggregates
+    WHERE entity = ? ORDER BY layer, key, kind"""
 _UPSERT_MEMBERSHIP: Final = (
     "INSERT INTO memberships (user_id, left, left_at_ns) VALUES (?, ?, ?)"
     " ON CONFLICT DO UPDATE SET left = excluded.left, left_at_ns = excluded.left_at_ns"
@@ -174,7 +175,8 @@ class Storage:
                         )
                 else:
                     assert type(step) is CountsRead
-                    step.rows = list(await db.execute_fetchall(_SELECT_COUNTS, (step.entity,)))
+                    rows = await db.execute_fetchall(_SELECT_COUNTS, (step.entity,))
+                    step.rows = cast(list[tuple[int, int | str, str, int, float]], list(rows))
             if batch.memberships:
                 await db.executemany(
                     _UPSERT_MEMBERSHIP,
@@ -211,10 +213,8 @@ class Storage:
             )
 
     async def _rollback(self) -> None:
-        try:
+        with contextlib.suppress(sqlite3.Error):  # none was open, or SQLite rolled it back
             await self._db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass  # no transaction was open, or SQLite already rolled it back
 
     async def close(self) -> None:
         await self._db.close()

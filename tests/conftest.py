@@ -1,0 +1,112 @@
+"""Fixtures: a real server on 127.0.0.1 port 0 over a real SQLite file, in process or as a child."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tidal.client import Client
+from tidal.server import Config, Server
+
+LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "tidal.db"
+
+
+@pytest.fixture
+async def server(db_path: Path) -> AsyncIterator[Server]:
+    srv = Server(Config(host="127.0.0.1", port=0, db=str(db_path)))
+    await srv.start()
+    yield srv
+    await srv.shutdown()
+
+
+@pytest.fixture
+async def client(server: Server) -> AsyncIterator[Client]:
+    host, port = server.address
+    async with await Client.connect(host, port, timeout=10) as c:
+        yield c
+
+
+class ServerProcess:
+    """``tidal serve`` as a child process, so it can be killed for real."""
+
+    def __init__(self, db: Path, *extra: str) -> None:
+        self.db = db
+        self.extra = extra
+        self.proc: asyncio.subprocess.Process | None = None
+        self.port = 0
+        self.log: list[bytes] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> ServerProcess:
+        self.log = []
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tidal.server",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            str(self.db),
+            *self.extra,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self.proc.stderr is not None
+        while True:
+            line = await asyncio.wait_for(self.proc.stderr.readline(), 30)
+            if not line:
+                raise AssertionError(
+                    "tidal serve exited before listening:\n" + b"".join(self.log).decode()
+                )
+            self.log.append(line)
+            if match := LISTENING.search(line):
+                self.port = int(match.group(2))
+                break
+        self._reader = asyncio.create_task(self._drain(self.proc.stderr))
+        return self
+
+    async def _drain(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self.log.append(line)
+
+    async def connect(self) -> Client:
+        return await Client.connect("127.0.0.1", self.port, timeout=10)
+
+    async def stop(self, signum: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            os.kill(self.proc.pid, signum)
+        return await self.wait()
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        code = await asyncio.wait_for(self.proc.wait(), 30)
+        if self._reader is not None:
+            await self._reader
+        return code
+
+    async def kill9(self) -> None:
+        code = await self.stop(signal.SIGKILL)
+        assert code == -signal.SIGKILL
+
+
+@pytest.fixture
+async def process(db_path: Path) -> AsyncIterator[ServerProcess]:
+    proc = ServerProcess(db_path)
+    yield proc
+    if proc.proc is not None and proc.proc.returncode is None:
+        await proc.kill9()

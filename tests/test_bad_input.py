@@ -1,0 +1,241 @@
+"""Bad input gets a clear error naming the argument, loses nothing, and harms no one else."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import pytest
+
+from tidal.client import Client
+from tidal.protocol import ErrorCode
+from tidal.server import Server
+
+from .rawrpc import RawPeer
+
+U64_MAX = 2**64 - 1
+
+
+@pytest.fixture
+async def peer(server: Server) -> AsyncIterator[RawPeer]:
+    p = await RawPeer.open(server.address)
+    yield p
+    p.close()
+
+
+async def expect_error(peer: RawPeer, code: int, fragment: str, method: Any, *params: Any) -> None:
+    reply = await peer.call(method, *params)
+    assert reply is not None, "the server closed the connection instead of answering"
+    kind, msgid, error, result = reply
+    assert (kind, msgid, result) == (1, 1, None)
+    assert isinstance(error, list) and len(error) == 2, error
+    assert error[0] == code, error
+    assert fragment in error[1], error
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ([], "signal takes 3 to 5 params"),
+        ([1, "e", "k", 1.0, {}, "extra"], "signal takes 3 to 5 params"),
+        ([-1, "e", "k"], "user_id: must be an integer in 0..2**64-1, got int -1"),
+        ([-(2**63), "e", "k"], "user_id"),
+        ([True, "e", "k"], "user_id: must be an integer in 0..2**64-1, got bool True"),
+        ([1.0, "e", "k"], "got float 1.0"),
+        (["1", "e", "k"], "got str"),
+        ([None, "e", "k"], "got nil"),
+        ([1, "", "k"], "entity: must be 1..256 bytes"),
+        ([1, "x" * 257, "k"], "entity: must be 1..256 bytes of UTF-8, got 257"),
+        ([1, 5, "k"], "entity: must be a string, got int"),
+        ([1, b"\xff", "k"], "entity: must be valid UTF-8"),
+        ([1, "e", ""], "kind: must be 1..64 bytes"),
+        ([1, "e", "k" * 65], "kind: must be 1..64 bytes"),
+        ([1, "e", "k", "heavy"], "weight: must be a finite number, got str"),
+        ([1, "e", "k", float("nan")], "weight: must be a finite number"),
+        ([1, "e", "k", float("inf")], "weight: must be a finite number"),
+        ([1, "e", "k", True], "weight: must be a finite number, got bool"),
+        ([1, "e", "k", 1.0, []], "context: must be a map, got list"),
+        ([1, "e", "k", 1.0, {"colour": 1}], "context: unknown key 'colour'"),
+        ([1, "e", "k", 1.0, {"communities": "jazz"}], "context.communities: must be an array"),
+        ([1, "e", "k", 1.0, {"communities": [""]}], "context.communities[0]: must be 1..128"),
+        ([1, "e", "k", 1.0, {"communities": ["c"] * 65}], "at most 64 names, got 65"),
+        ([1, "e", "k", 1.0, {"attrs": []}], "context.attrs: must be a map"),
+        ([1, "e", "k", 1.0, {"attrs": {"a": [1]}}], "must be a str, int, float or bool"),
+        ([1, "e", "k", 1.0, {"attrs": {"a": None}}], "context.attrs['a']"),
+        ([1, "e", "k", 1.0, {"attrs": {5: "x"}}], "context.attrs key: must be a string"),
+        ([1, "e", "k", 1.0, {"attrs": {f"a{i}": 1 for i in range(65)}}], "at most 64"),
+    ],
+)
+async def test_signal_params_are_checked_one_by_one(
+    peer: RawPeer, params: list[Any], fragment: str
+) -> None:
+    await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, "signal", *params)
+
+
+@pytest.mark.parametrize("method", ["leave", "rejoin", "status"])
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ([], "takes 1 params (user_id), got 0"),
+        ([1, 2], "got 2"),
+        ([-1], "user_id"),
+        ([float(2**64)], "user_id"),
+        (["7"], "user_id"),
+        ([False], "user_id"),
+        ([7.0], "user_id"),
+    ],
+)
+async def test_user_id_params_are_checked(
+    peer: RawPeer, method: str, params: list[Any], fragment: str
+) -> None:
+    await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, method, *params)
+
+
+async def test_u64_bounds_round_trip_exactly(client: Client) -> None:
+    for user in (0, 1, 2**63 - 1, 2**63, U64_MAX):
+        left = await client.leave(user)
+        assert left.user_id == user and left.left
+        assert (await client.status(user)).user_id == user
+    assert (await client.stats())["users_left"] == 5
+    await client.rejoin(U64_MAX)
+    assert (await client.status(U64_MAX)).status == "active"
+    assert (await client.status(0)).status == "left"
+
+
+async def test_client_refuses_user_ids_msgpack_cannot_carry(client: Client) -> None:
+    for bad in (-1, 2**64, True):
+        with pytest.raises(ValueError, match="user_id"):
+            await client.leave(bad)
+    assert await client.ping() == "pong"
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "fragment"),
+    [
+        ("signal_batch", [], "signal_batch takes 1 params"),
+        ("signal_batch", [[]], "signals: must hold 1..10000 signals, got 0"),
+        ("signal_batch", [{"a": 1}], "signals: must be an array"),
+        ("signal_batch", [[[1, "e", "k"], 5]], "signals[1]: must be an array"),
+        ("signal_batch", [[[1, "e", "k"], [1, "e"]]], "signals[1] takes 3 to 5 params"),
+        ("signal_batch", [[[1, "e", "k"], [1, "e", "k", "w"]]], "signals[1].weight"),
+        ("define_cohort", ["c"], "define_cohort takes 2 params"),
+        ("define_cohort", ["", {}], "name: must be 1..128 bytes"),
+        ("define_cohort", ["c", []], "predicate: must be a map"),
+        ("define_cohort", ["c", {"a": []}], "predicate['a']: an array must hold 1..256"),
+        ("define_cohort", ["c", {"a": {"b": 1}}], "predicate['a']: must be a str"),
+        ("define_cohort", ["c", {"a": [1, None]}], "predicate['a'][1]"),
+        ("drop_cohort", [7], "name: must be a string"),
+        ("counts", [], "counts takes 1 params"),
+        ("counts", [""], "entity: must be 1..256 bytes"),
+        ("cohorts", [1], "cohorts takes 0 params"),
+        ("ping", [1], "ping takes 0 params"),
+        ("stats", [None], "stats takes 0 params"),
+    ],
+)
+async def test_other_methods_check_their_params(
+    peer: RawPeer, method: str, params: list[Any], fragment: str
+) -> None:
+    await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, method, *params)
+
+
+async def test_a_batch_of_10001_is_refused_whole(peer: RawPeer, client: Client) -> None:
+    batch = [[1, "big", "view"]] * 10_001
+    await expect_error(
+        peer,
+        ErrorCode.INVALID_PARAMS,
+        "must hold 1..10000 signals, got 10001",
+        "signal_batch",
+        batch,
+    )
+    assert (await client.counts("big")).ledger == {}
+
+
+async def test_a_batch_with_one_bad_item_applies_nothing(peer: RawPeer, client: Client) -> None:
+    batch = [[1, "atomic", "view"]] * 50 + [[1, "atomic", "view", "x"]]
+    await expect_error(peer, ErrorCode.INVALID_PARAMS, "signals[50].weight", "signal_batch", batch)
+    assert (await client.counts("atomic")).ledger == {}
+
+
+async def test_unknown_method_is_named(peer: RawPeer) -> None:
+    await expect_error(peer, ErrorCode.METHOD_NOT_FOUND, "'launch'", "launch")
+
+
+async def test_bin_method_names_and_strings_work(peer: RawPeer) -> None:
+    reply = await peer.call(b"signal", 3, b"entity", b"view", 1, {b"communities": [b"c"]})
+    assert reply[2] is None and reply[3]["forwarded"] is True
+    reply = await peer.call(b"counts", b"entity")
+    assert reply[3]["communities"] == {"c": {"view": {"count": 1, "weight": 1.0}}}
+
+
+async def test_any_integer_msgid_is_echoed(peer: RawPeer) -> None:
+    for msgid in (0, -1, 2**32 + 5, 2**64 - 1, -(2**63)):
+        assert await peer.call("ping", msgid=msgid) == [1, msgid, None, "pong"]
+
+
+async def test_notifications_are_applied_and_never_answered(peer: RawPeer, client: Client) -> None:
+    peer.send([2, "leave", [31]])
+    peer.send([2, "no_such_method", []])
+    peer.send([1, 99, None, "a stray response"])
+    peer.send([2, "signal", [-5, "e", "k"]])  # invalid: dropped silently
+    # a request after them is the first thing answered on this connection
+    assert await peer.call("status", 31, msgid=5) == [
+        1,
+        5,
+        None,
+        {"user_id": 31, "status": "left", "left_at_ns": (await client.status(31)).left_at_ns},
+    ]
+
+
+async def test_misshapen_request_is_answered_and_the_connection_lives(peer: RawPeer) -> None:
+    peer.send([0, 4, "ping"])
+    kind, msgid, error, _ = await peer.receive()
+    assert (kind, msgid, error[0]) == (1, 4, ErrorCode.INVALID_REQUEST)
+    peer.send([0, 5, "ping", "not an array"])
+    assert (await peer.receive())[2][0] == ErrorCode.INVALID_REQUEST
+    assert await peer.call("ping", msgid=6) == [1, 6, None, "pong"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xc1",
+        msgpack.packb("just a string"),
+        msgpack.packb([0, "msgid", "ping", []]),
+        b"\x91" * 1100,
+        b"\xdd\xff\xff\xff\xff",
+        msgpack.packb({1: 2}),
+    ],
+    ids=["0xc1", "string", "str-msgid", "deep", "huge-array", "map"],
+)
+async def test_garbage_closes_only_its_own_connection(
+    server: Server, client: Client, data: bytes
+) -> None:
+    bad = await RawPeer.open(server.address)
+    bad.send_raw(data)
+    assert await bad.closed()
+    bad.close()
+    assert await client.ping() == "pong"
+    assert (await client.signal(1, "e", "k")).forwarded
+
+
+async def test_a_9_mib_message_gets_error_3_then_close(server: Server, client: Client) -> None:
+    bad = await RawPeer.open(server.address)
+    bad.send([0, 42, "signal", [1, "e", "k", 1.0, {"attrs": {"blob": "x" * (9 << 20)}}]])
+    kind, msgid, error, result = await bad.receive()
+    assert (kind, msgid, result) == (1, 42, None)
+    assert error[0] == ErrorCode.TOO_LARGE and "8388608" in error[1]
+    assert await bad.closed()
+    bad.close()
+    assert await client.ping() == "pong"
+
+
+async def test_malformed_bytes_inside_a_request_are_answered_before_close(
+    server: Server,
+) -> None:
+    bad = await RawPeer.open(server.address)
+    bad.send_raw(b"\x94\x00\x09\xa4ping\xc1")
+    reply = await bad.receive()
+    assert reply is not None and reply[:2] == [1, 9] and reply[2][0] == ErrorCode.PARSE_ERROR
+    assert await bad.closed()
+    bad.close()

@@ -1,0 +1,153 @@
+"""The bundled client, a third-party MessagePack-RPC client, and the ``tidal`` CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import aio_msgpack_rpc
+import pytest
+
+from tidal.client import (
+    CallTimeout,
+    Client,
+    ConnectionLost,
+    InvalidParams,
+    MethodNotFound,
+    ServerError,
+    Signal,
+    TidalError,
+)
+from tidal.server import Server
+
+from .conftest import ServerProcess
+
+
+async def test_pipelined_calls_on_one_connection_match_their_replies(client: Client) -> None:
+    users = list(range(300))
+    results = await asyncio.gather(*(client.leave(u) if u % 2 else client.status(u) for u in users))
+    for user, membership in zip(users, results, strict=True):
+        assert membership.user_id == user
+        assert membership.status == ("left" if user % 2 else "active")
+
+
+async def test_signal_batch_is_one_durable_unit_in_order(client: Client) -> None:
+    await client.leave(2)
+    acks = await client.signal_batch(
+        [
+            Signal(1, "album", "play", 2.0, communities=["rock"]),
+            Signal(2, "album", "play", communities=["rock"]),
+            Signal(3, "album", "skip", attrs={"premium": True}),
+        ]
+    )
+    assert [a.forwarded for a in acks] == [True, False, True]
+    assert [a.seq for a in acks] == sorted(a.seq for a in acks)
+    counts = await client.counts("album")
+    assert counts.ledger["play"].count == 2 and counts.ledger["play"].weight == 3.0
+    assert counts.communities["rock"]["play"].count == 1
+
+
+async def test_errors_are_raised_by_code(client: Client) -> None:
+    with pytest.raises(InvalidParams, match=r"entity: must be 1\.\.256 bytes") as info:
+        await client.signal(1, "", "view")
+    assert info.value.code == -32602
+    assert isinstance(info.value, ServerError) and isinstance(info.value, TidalError)
+    with pytest.raises(MethodNotFound):
+        await client.call("nothing")
+
+
+async def test_cohorts_define_list_replace_and_drop(client: Client) -> None:
+    assert await client.define_cohort("eu", {"country": ["DE", "FR"], "adult": True})
+    assert await client.cohorts() == {"eu": {"country": ["DE", "FR"], "adult": True}}
+    await client.signal(1, "film", "view", attrs={"country": "FR", "adult": True})
+    await client.signal(1, "film", "view", attrs={"country": "FR", "adult": 1})  # 1 is not true
+    await client.signal(1, "film", "view", attrs={"country": "US", "adult": True})
+    assert (await client.counts("film")).cohorts == {"eu": {"view": (await_tally(1, 1.0))}}
+    # the same rule again keeps counting; a new rule starts from zero
+    assert await client.define_cohort("eu", {"adult": True, "country": ["FR", "DE"]})
+    assert (await client.counts("film")).cohorts["eu"]["view"].count == 1
+    assert await client.define_cohort("eu", {"country": "US"})
+    assert (await client.counts("film")).cohorts == {}
+    assert await client.drop_cohort("eu") is True
+    assert await client.drop_cohort("eu") is False
+    assert await client.cohorts() == {}
+
+
+def await_tally(count: int, weight: float) -> object:
+    from tidal.client import Tally
+
+    return Tally(count, weight)
+
+
+async def test_pending_calls_fail_with_connection_lost(process: ServerProcess) -> None:
+    await process.start()
+    c = await process.connect()
+    batch = [Signal(i, "e", "view") for i in range(10_000)]
+    calls = [asyncio.ensure_future(c.signal_batch(batch)) for _ in range(30)]
+    await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+    await process.kill9()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert errors and all(isinstance(e, ConnectionLost) for e in errors)
+    with pytest.raises(ConnectionLost):
+        await c.ping()
+    await c.close()
+
+
+async def test_a_call_times_out_with_its_own_error(server: Server) -> None:
+    # a listener that accepts and never answers
+    never = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = never.sockets[0].getsockname()[1]
+    async with await Client.connect("127.0.0.1", port, timeout=5) as c:
+        with pytest.raises(CallTimeout, match=r"ping: no reply in 0\.05s"):
+            await c.call("ping", timeout=0.05)
+        with pytest.raises(TimeoutError):
+            await c.call("ping", timeout=0.05)
+    never.close()
+
+
+async def test_a_third_party_msgpack_rpc_client_works(server: Server) -> None:
+    host, port = server.address
+    reader, writer = await asyncio.open_connection(host, port)
+    rpc = aio_msgpack_rpc.Client(reader, writer, response_timeout=10)
+    try:
+        assert await rpc.call("ping") == "pong"
+        left = await rpc.call("leave", 2**64 - 1)
+        assert left["status"] == "left" and left["user_id"] == 2**64 - 1
+        status = await rpc.call("status", 2**64 - 1)
+        assert status == left
+        with pytest.raises(aio_msgpack_rpc.error.RPCResponseError) as info:
+            await rpc.call("status", -1)
+        assert info.value.args[0][0] == -32602
+    finally:
+        rpc.close()
+
+
+def run_cli(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.server", "call", "--port", str(port), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_tidal_call_prints_json_and_fails_on_errors(process: ServerProcess) -> None:
+    await process.start()
+    port = process.port
+    done = await asyncio.to_thread(run_cli, port, "leave", "42")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "left"
+    done = await asyncio.to_thread(
+        run_cli, port, "signal", "42", "song", "view", "1.5", '{"communities": ["x"]}'
+    )
+    assert json.loads(done.stdout)["forwarded"] is False
+    done = await asyncio.to_thread(run_cli, port, "leave", "-1")
+    assert done.returncode == 1
+    assert "error -32602: user_id" in done.stderr
+    await process.stop()
+    done = await asyncio.to_thread(run_cli, port, "ping")
+    assert done.returncode == 2 and "cannot reach tidal" in done.stderr

@@ -1,0 +1,196 @@
+"""Acknowledged means durable: group commit, read-after-write, kill -9, failed commits."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from tidal.client import Client, ConnectionLost, Unavailable
+from tidal.server import Config, Server
+from tidal.server.batch import Batch
+from tidal.server.storage import SCHEMA_VERSION, StorageFailure
+
+from .conftest import ServerProcess
+
+
+def wrap_commit(
+    server: Server, around: Callable[[Callable[[Batch], Awaitable[None]], Batch], Awaitable[None]]
+) -> None:
+    """Fault injection: route the server's commits through ``around``."""
+    storage = server._storage
+    assert storage is not None
+    real = storage.commit
+
+    async def commit(batch: Batch) -> None:
+        await around(real, batch)
+
+    storage.commit = commit  # type: ignore[method-assign]
+
+
+async def test_writes_from_many_connections_share_commits(server: Server) -> None:
+    host, port = server.address
+    clients = [await Client.connect(host, port) for _ in range(20)]
+    try:
+        acks = await asyncio.gather(
+            *(c.signal(i, "shared", "view") for i in range(50) for c in clients)
+        )
+        stats = await clients[0].stats()
+    finally:
+        for c in clients:
+            await c.close()
+    assert len({a.seq for a in acks}) == 1000
+    assert stats["signals"] == 1000
+    # one commit per request would be 1000; group commit takes a few dozen at most
+    assert stats["commits"] <= 100, stats
+
+
+async def test_a_read_waits_for_the_commit_of_a_write_it_can_see(server: Server) -> None:
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def held(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if batch.writes:
+            entered.set()
+            await release.wait()
+        await real(batch)
+
+    wrap_commit(server, held)
+    host, port = server.address
+    async with await Client.connect(host, port) as a, await Client.connect(host, port) as b:
+        assert (await b.status(8)).status == "active"  # nothing pending: answered at once
+        leave = asyncio.create_task(a.leave(8))
+        await entered.wait()
+        status = asyncio.create_task(b.status(8))
+        ping = await b.ping()  # reveals nothing, so it is not held back
+        assert ping == "pong"
+        assert not leave.done() and not status.done()
+        release.set()
+        assert (await status).status == "left"
+        assert (await leave).status == "left"
+
+
+async def test_a_transient_commit_failure_refuses_and_forgets_the_writes(server: Server) -> None:
+    failures = [StorageFailure("database or disk is full", transient=True)]
+
+    async def flaky(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if batch.writes and failures:
+            raise failures.pop()
+        await real(batch)
+
+    wrap_commit(server, flaky)
+    host, port = server.address
+    async with await Client.connect(host, port) as c:
+        with pytest.raises(Unavailable, match="disk is full"):
+            await c.leave(21)
+        # memory was put back: the leave never happened
+        assert (await c.status(21)).status == "active"
+        first = await c.signal(21, "e", "view", communities=["c"])
+        assert first.forwarded
+        assert first.seq == 1  # the refused batch's seqs were never used
+        assert (await c.leave(21)).status == "left"  # and writes work again
+        assert (await c.counts("e")).communities["c"]["view"].count == 1
+
+
+async def test_a_hard_commit_failure_refuses_writes_but_serves_reads(server: Server) -> None:
+    async def broken(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if batch.writes:
+            raise StorageFailure("disk I/O error", transient=False)
+        await real(batch)
+
+    host, port = server.address
+    async with await Client.connect(host, port) as c:
+        await c.leave(1)
+        wrap_commit(server, broken)
+        with pytest.raises(Unavailable, match="disk I/O error"):
+            await c.rejoin(1)
+        with pytest.raises(Unavailable, match="refused until the server is restarted"):
+            await c.signal(1, "e", "view")
+        assert (await c.status(1)).status == "left"
+        assert (await c.stats())["storage"] == "failed"
+        assert await c.ping() == "pong"
+
+
+async def test_kill_9_loses_no_acknowledged_write(process: ServerProcess) -> None:
+    await process.start()
+    rng = random.Random(4)
+    acked_signals: dict[str, int] = {}
+    sent_signals: dict[str, int] = {}
+    state: dict[int, str] = {}  # last acknowledged membership per user
+    killed = asyncio.Event()
+    enough = asyncio.Event()
+
+    async def worker(c: Client, n: int) -> None:
+        try:
+            for i in range(10_000):
+                if killed.is_set():
+                    return
+                user = rng.randrange(50)
+                if i % 7 == 3:
+                    state[user] = (await c.leave(user)).status
+                elif i % 7 == 5:
+                    state[user] = (await c.rejoin(user)).status
+                else:
+                    entity = f"e{n}"
+                    sent_signals[entity] = sent_signals.get(entity, 0) + 1
+                    await c.signal(user, entity, "view")
+                    acked_signals[entity] = acked_signals.get(entity, 0) + 1
+                    if sum(acked_signals.values()) >= 300:
+                        enough.set()
+        except ConnectionLost:
+            return
+
+    clients = [await process.connect() for _ in range(4)]
+    workers = [asyncio.create_task(worker(c, n)) for n, c in enumerate(clients)]
+    await asyncio.wait_for(enough.wait(), 60)
+    await process.kill9()
+    killed.set()
+    await asyncio.gather(*workers)
+    for c in clients:
+        await c.close()
+
+    await process.start()
+    async with await process.connect() as c:
+        for user, status in state.items():
+            assert (await c.status(user)).status == status, user
+        for entity, acked in acked_signals.items():
+            ledger = (await c.counts(entity)).ledger
+            count = ledger["view"].count if ledger else 0
+            assert acked <= count <= sent_signals[entity], entity
+    with sqlite3.connect(process.db) as db:
+        assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
+
+
+async def test_sigterm_answers_what_it_read_and_exits_0(process: ServerProcess) -> None:
+    await process.start()
+    async with await process.connect() as c:
+        calls = [asyncio.ensure_future(c.signal(i, "term", "view")) for i in range(2000)]
+        await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+        assert process.proc is not None
+        process.proc.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    assert await process.wait() == 0, b"".join(process.log).decode()
+    acked = [r for r in results if not isinstance(r, BaseException)]
+    lost = [r for r in results if isinstance(r, BaseException)]
+    assert all(isinstance(e, ConnectionLost) for e in lost), lost[:3]
+    assert acked
+    await process.start()
+    async with await process.connect() as c:
+        assert (await c.counts("term")).ledger["view"].count == len(acked)
+
+
+async def test_schema_is_versioned(db_path: Path) -> None:
+    server = Server(Config(port=0, db=str(db_path)))
+    await server.start()
+    await server.shutdown()
+    with sqlite3.connect(db_path) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(RuntimeError, match="newer than this tidal"):
+        await Server(Config(port=0, db=str(db_path))).start()

@@ -1,0 +1,151 @@
+"""The sans-I/O protocol, without sockets: bytes in, events out."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from tidal.protocol import (
+    NEED_DATA,
+    BadRequest,
+    Connection,
+    ErrorCode,
+    LocalProtocolError,
+    Notification,
+    RemoteProtocolError,
+    Request,
+    Response,
+)
+
+
+def events(conn: Connection, data: bytes) -> list[object]:
+    conn.receive_data(data)
+    out = []
+    while (event := conn.next_event()) is not NEED_DATA:
+        out.append(event)
+    return out
+
+
+def test_request_notification_and_response_decode() -> None:
+    conn = Connection()
+    data = (
+        msgpack.packb([0, 1, "leave", [5]])
+        + msgpack.packb([2, "signal", [1, "e", "k"]])
+        + msgpack.packb([1, 9, None, "pong"])
+    )
+    assert events(conn, data) == [
+        Request(1, "leave", [5]),
+        Notification("signal", [1, "e", "k"]),
+        Response(9, None, "pong"),
+    ]
+
+
+def test_a_message_split_at_every_byte_decodes_once() -> None:
+    conn = Connection()
+    data = msgpack.packb([0, 2**64 - 1, "status", [2**64 - 1]])
+    seen = []
+    for i in range(len(data)):
+        seen += events(conn, data[i : i + 1])
+    assert seen == [Request(2**64 - 1, "status", [2**64 - 1])]
+
+
+def test_bin_method_names_are_accepted() -> None:
+    conn = Connection()
+    data = msgpack.packb([0, 3, b"ping", []], use_bin_type=True)
+    assert events(conn, data) == [Request(3, "ping", [])]
+
+
+@pytest.mark.parametrize(
+    ("message", "fragment"),
+    [
+        ([0, 1, "ping"], "got 3 elements"),
+        ([0, 1, 42, []], "method"),
+        ([0, 1, b"\xff\xfe", []], "method"),
+        ([0, 1, "ping", {"a": 1}], "params"),
+        ([0, 1, "ping", None], "params"),
+    ],
+)
+def test_a_misshapen_request_with_a_msgid_is_answered_not_fatal(
+    message: list[object], fragment: str
+) -> None:
+    conn = Connection()
+    data = msgpack.packb(message, use_bin_type=True) + msgpack.packb([0, 2, "ping", []])
+    first, second = events(conn, data)
+    assert isinstance(first, BadRequest)
+    assert first.msgid == 1 and first.code == ErrorCode.INVALID_REQUEST
+    assert fragment in first.message
+    assert second == Request(2, "ping", [])  # the stream goes on
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        msgpack.packb(42),
+        msgpack.packb({"a": 1}),
+        msgpack.packb([]),
+        msgpack.packb([7, 1, "x", []]),
+        msgpack.packb([0, "1", "ping", []]),
+        msgpack.packb([0, True, "ping", []]),
+        msgpack.packb([2, "only-two"]),
+        msgpack.packb([1, 1, None]),
+        b"\xc1",
+        b"\x91" * 2000,  # nesting far deeper than 1024
+        b"\xdd\xff\xff\xff\xff",  # an array claiming 2**32-1 items
+    ],
+)
+def test_what_cannot_be_answered_breaks_the_connection(data: bytes) -> None:
+    conn = Connection()
+    with pytest.raises(RemoteProtocolError):
+        events(conn, data)
+    # and it stays broken: an Unpacker is never reused after a decode error
+    with pytest.raises(RemoteProtocolError):
+        conn.receive_data(msgpack.packb([0, 1, "ping", []]))
+
+
+def test_a_message_over_the_limit_names_its_msgid() -> None:
+    conn = Connection(max_message_size=1024)
+    head = msgpack.packb([0, 77, "signal_batch"])[1:]  # without the 3-array header
+    data = b"\x94" + head + b"\xdc\x10\x00" + msgpack.packb("x" * 100) * 0x1000
+    with pytest.raises(RemoteProtocolError) as info:
+        for i in range(0, len(data), 100):
+            events(conn, data[i : i + 100])
+    assert info.value.code == ErrorCode.TOO_LARGE
+    assert info.value.msgid == 77
+
+
+def test_a_string_claiming_a_gigabyte_is_refused_once_it_passes_the_limit() -> None:
+    conn = Connection(max_message_size=4096)
+    assert events(conn, b"\x94\x00\x05\xa4ping\x91\xdb\x40\x00\x00\x00") == []
+    with pytest.raises(RemoteProtocolError) as info:
+        for _ in range(10):
+            events(conn, b"a" * 1000)
+    assert info.value.code == ErrorCode.TOO_LARGE
+    assert info.value.msgid == 5
+
+
+def test_many_small_messages_in_one_chunk_are_not_too_large() -> None:
+    conn = Connection(max_message_size=1024)
+    data = msgpack.packb([0, 1, "ping", []]) * 10_000
+    assert len(events(conn, data)) == 10_000
+
+
+def test_send_round_trips_through_a_peer() -> None:
+    server, client = Connection(), Connection()
+    request = Request(2**63, "signal", [1, "e", "k", 1.5, {"attrs": {"a": True}}])
+    assert events(server, client.send(request)) == [request]
+    reply = server.send_response(2**63, [2, "unavailable"], None)
+    assert events(client, reply) == [Response(2**63, [2, "unavailable"], None)]
+
+
+@pytest.mark.parametrize("msgid", [-(2**63) - 1, 2**64, True, "1"])
+def test_send_refuses_a_msgid_msgpack_cannot_carry(msgid: object) -> None:
+    with pytest.raises(LocalProtocolError):
+        Connection().send(Request(msgid, "ping", []))  # type: ignore[arg-type]
+
+
+def test_send_refuses_what_msgpack_cannot_encode() -> None:
+    conn = Connection()
+    with pytest.raises(LocalProtocolError):
+        conn.send(Request(1, "leave", [object()]))
+    # the packer is still usable afterwards
+    assert events(Connection(), conn.send(Request(2, "ping", []))) == [Request(2, "ping", [])]
