@@ -34,13 +34,6 @@ _HEAD_SIZE: Final = 16  # [0, msgid, ...] fits: 1 + 1 + 9 bytes at most
 class _NeedData:
     """Sentinel type: the buffer holds no complete message yet."""
 
-    _instance: _NeedData | None = None
-
-    def __new__(cls) -> _NeedData:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
     def __repr__(self) -> str:
         return "NEED_DATA"
 

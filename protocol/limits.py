@@ -11,3 +11,4 @@ MAX_COMMUNITIES: Final = 64
 MAX_ATTRS: Final = 64
 MAX_PREDICATE_VALUES: Final = 256
 MAX_BATCH: Final = 10_000
+MAX_COHORTS: Final = 1_000  # every forwarded signal is matched against each one

@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgpack
 
 from tidal.protocol import ErrorCode
-from tidal.protocol.limits import ENTITY_MAX_BYTES
+from tidal.protocol.limits import ENTITY_MAX_BYTES, MAX_COHORTS
 
 from . import params
 from .batch import COHORT, COMMUNITY, LEDGER, Batch, CountsRead, Replier
@@ -92,11 +92,6 @@ class Engine:
         self._wake.set()
         if self._task is not None:
             await self._task
-
-    @property
-    def failed(self) -> str | None:
-        """Why storage refuses writes, once a commit has failed in a way that can't pass."""
-        return self._failed
 
     # -- requests --------------------------------------------------------
 
@@ -231,6 +226,8 @@ class Engine:
         if old is not None and old.same_rule(cohort):
             self._answer(conn, msgid, True)  # the same cohort again: its counts go on
             return
+        if old is None and len(self._cohorts) >= MAX_COHORTS:
+            raise InvalidParams(f"name: at most {MAX_COHORTS} cohorts may be defined; drop one")
         self._next_cohort_id += 1
         self._set_cohort(batch, name, old, cohort)
         batch.next_cohort_id = self._next_cohort_id

@@ -8,7 +8,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from tidal.client import Client
+from tidal.client import Client, InvalidParams
 from tidal.protocol import ErrorCode
 from tidal.server import Server
 
@@ -239,3 +239,15 @@ async def test_malformed_bytes_inside_a_request_are_answered_before_close(
     assert reply is not None and reply[:2] == [1, 9] and reply[2][0] == ErrorCode.PARSE_ERROR
     assert await bad.closed()
     bad.close()
+
+
+async def test_the_number_of_cohorts_is_capped(client: Client) -> None:
+    from tidal.protocol.limits import MAX_COHORTS
+
+    for i in range(MAX_COHORTS):
+        await client.define_cohort(f"c{i}", {"n": i})
+    with pytest.raises(InvalidParams, match="at most 1000 cohorts"):
+        await client.define_cohort("one-more", {"n": -1})
+    assert await client.define_cohort("c0", {"n": "replaced"})  # replacing is not adding
+    assert await client.drop_cohort("c1")
+    assert await client.define_cohort("one-more", {"n": -1})
