@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 REQUEST: Final = 0
 RESPONSE: Final = 1
@@ -14,28 +13,24 @@ MSGID_MIN: Final = -(2**63)
 MSGID_MAX: Final = 2**64 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     msgid: int
     method: str
     params: list[Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(NamedTuple):
     msgid: int
     error: Any
     result: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Notification:
+class Notification(NamedTuple):
     method: str
     params: list[Any]
 
 
-@dataclass(frozen=True, slots=True)
-class BadRequest:
+class BadRequest(NamedTuple):
     """A request whose msgid is known but whose shape is wrong.
 
     The stream itself is intact, so the connection survives: the receiver

@@ -49,17 +49,25 @@ class Server:
         self._storage = await Storage.open(config.db, config.durability)
         try:
             snapshot = await self._storage.load()
-            engine = Engine(self._storage, snapshot, connections=lambda: len(self.connections))
+            engine = Engine(
+                self._storage,
+                snapshot,
+                connections=lambda: len(self.connections),
+                checkpoint_signals=config.checkpoint_signals,
+                checkpoint_seconds=config.checkpoint_seconds,
+            )
         except BaseException:
             await self._storage.close()
             raise
         log.info(
-            "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d",
+            "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d,"
+            " %d ledger rows replayed past the aggregates checkpoint",
             config.db,
             time.perf_counter() - began,
             len(snapshot.memberships),
             len(snapshot.cohorts),
             snapshot.next_seq,
+            len(snapshot.ledger_tail),
         )
         self._engine = engine
         engine.start()

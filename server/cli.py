@@ -8,10 +8,12 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from .config import Config
+
+T = TypeVar("T")
 
 
 def _env(name: str, default: str) -> str:
@@ -78,6 +80,35 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
     )
     call.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure throughput and latency against a running server",
+        description="Like redis-benchmark: CLIENTS connections each keep PIPELINE requests in"
+        " flight until REQUESTS have been answered. Run it against a fresh database:"
+        " --left-fraction makes users 0..USERS*F leave first.",
+    )
+    bench.add_argument("--host", default=_env("TIDAL_HOST", "127.0.0.1"), help="(env TIDAL_HOST)")
+    bench.add_argument(
+        "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
+    )
+    bench.add_argument("--clients", "-c", type=int, default=50, help="connections (default 50)")
+    bench.add_argument(
+        "--pipeline", "-P", type=int, default=1, help="requests in flight per connection (1)"
+    )
+    bench.add_argument("--requests", "-n", type=int, default=100_000, help="total (100000)")
+    bench.add_argument(
+        "--workload",
+        choices=("signal", "batch", "leave", "status", "mixed"),
+        default="signal",
+        help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin (default signal)",
+    )
+    bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
+    bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")
+    bench.add_argument(
+        "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
+    )
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -85,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "bench":
+        return _bench(args)
     return _call(args)
 
 
@@ -124,6 +157,38 @@ def _call(args: argparse.Namespace) -> int:
         return 2
     print(json.dumps(result, default=_json_default))
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from tidal.client import bench
+
+    cfg = bench.BenchConfig(
+        host=args.host,
+        port=args.port,
+        clients=args.clients,
+        pipeline=args.pipeline,
+        requests=args.requests,
+        workload=args.workload,
+        batch_size=args.batch_size,
+        users=args.users,
+        left_fraction=args.left_fraction,
+    )
+    progress = bench.progress_bar if sys.stderr.isatty() and not args.json else None
+    try:
+        result = _uvloop_run(bench.run(cfg, progress))
+    except (OSError, ValueError) as exc:
+        print(f"tidal bench: {exc}", file=sys.stderr)
+        return 2
+    print(bench.format_result(result, args.json))
+    return 1 if result.errors else 0
+
+
+def _uvloop_run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def _json_default(value: object) -> Any:

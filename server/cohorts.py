@@ -7,23 +7,14 @@ not ``1``, while ``1`` equals ``1.0``, as numbers do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from .params import Predicate, Scalar
 
-_Tagged: TypeAlias = tuple[int, Scalar]
-_BOOL, _NUMBER, _TEXT = 0, 1, 2
-
-
-def _tag(value: Scalar) -> _Tagged:
-    """Key a value by its family so that set membership never confuses True with 1."""
-    if type(value) is bool:
-        return (_BOOL, value)
-    if type(value) is str:
-        return (_TEXT, value)
-    return (_NUMBER, value)
+#: A value keyed by whether it is a bool, so that set membership never confuses
+#: True with 1 (they hash and compare equal in Python), while 1 still equals 1.0.
+_Tagged: TypeAlias = tuple[bool, Scalar]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +27,7 @@ class Cohort:
     @classmethod
     def build(cls, cohort_id: int, name: str, predicate: Predicate) -> Cohort:
         wanted = tuple(
-            (attr, frozenset(_tag(v) for v in (values if isinstance(values, list) else [values])))
+            (attr, frozenset((type(v) is bool, v) for v in _as_list(values)))
             for attr, values in predicate.items()
         )
         return cls(cohort_id, name, predicate, wanted)
@@ -44,16 +35,19 @@ class Cohort:
     def same_rule(self, other: Cohort) -> bool:
         return dict(self._wanted) == dict(other._wanted)
 
-    def matches(self, tagged_attrs: dict[str, _Tagged]) -> bool:
-        for attr, allowed in self._wanted:
-            value = tagged_attrs.get(attr)
-            if value is None or value not in allowed:
-                return False
-        return True
+
+def matching(cohorts: dict[str, Cohort], attrs: dict[str, Scalar]) -> list[Cohort]:
+    """The cohorts whose predicate the attributes satisfy (on the signal path: no calls)."""
+    found = []
+    for cohort in cohorts.values():
+        for attr, allowed in cohort._wanted:
+            value = attrs.get(attr)
+            if value is None or (type(value) is bool, value) not in allowed:
+                break
+        else:
+            found.append(cohort)
+    return found
 
 
-def matching(cohorts: Iterable[Cohort], attrs: dict[str, Scalar]) -> list[Cohort]:
-    if not attrs:
-        return [c for c in cohorts if not c.predicate]
-    tagged = {k: _tag(v) for k, v in attrs.items()}
-    return [c for c in cohorts if c.matches(tagged)]
+def _as_list(values: Scalar | list[Scalar]) -> list[Scalar]:
+    return values if isinstance(values, list) else [values]

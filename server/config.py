@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
+from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from .storage import Durability
 
 
@@ -21,3 +22,7 @@ class Config:
     max_inflight: int = 4096
     #: How long a graceful shutdown may take before connections are cut.
     shutdown_timeout: float = 10.0
+    #: Aggregates are checkpointed after this many signals or seconds; after a crash,
+    #: boot replays the ledger rows since the last checkpoint.
+    checkpoint_signals: int = CHECKPOINT_SIGNALS
+    checkpoint_seconds: float = CHECKPOINT_SECONDS

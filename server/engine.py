@@ -22,7 +22,17 @@ from tidal.protocol import ErrorCode
 from tidal.protocol.limits import ENTITY_MAX_BYTES, MAX_COHORTS
 
 from . import params
-from .batch import COHORT, COMMUNITY, LEDGER, Batch, CountsRead, Replier
+from .aggregates import (
+    CHECKPOINT_SECONDS,
+    CHECKPOINT_SIGNALS,
+    COHORT,
+    COMMUNITY,
+    LEDGER,
+    Aggregates,
+    CountsRead,
+    Slot,
+)
+from .batch import Batch, Replier
 from .cohorts import Cohort, matching
 from .members import Members
 from .params import InvalidParams, SignalArgs
@@ -47,6 +57,8 @@ class Engine:
         *,
         clock: Callable[[], int] = time.time_ns,
         connections: Callable[[], int] = lambda: 0,
+        checkpoint_signals: int = CHECKPOINT_SIGNALS,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
     ) -> None:
         self._storage = storage
         self._clock = clock
@@ -59,10 +71,15 @@ class Engine:
         self._cohort_names: dict[int, str] | None = None
         self._next_seq = snapshot.next_seq
         self._next_cohort_id = snapshot.next_cohort_id
+        self.aggregates = Aggregates(
+            snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
+        )
+        self.aggregates.replay(snapshot.ledger_tail)
         self._open = Batch(self._next_seq)
         self._inflight: Batch | None = None
         self._wake = asyncio.Event()
         self._closing = False
+        self._last_checkpoint_tried = False
         self._failed: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = time.monotonic()
@@ -166,25 +183,34 @@ class Engine:
 
     def _record(self, batch: Batch, s: SignalArgs, now_ns: int) -> dict[str, Any]:
         """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
-        forwarded = not self.members.is_left(s.user_id)
+        user_id, entity, kind, weight, communities, attrs = s
         seq = self._next_seq
         self._next_seq = seq + 1
-        context = (
-            msgpack.packb({"communities": s.communities, "attrs": s.attrs}, use_bin_type=True)
-            if s.communities or s.attrs
-            else None
-        )
-        writes = batch.writes_step()
-        writes.ledger.append(
-            (seq, to_db(s.user_id), s.entity, s.kind, s.weight, now_ns, forwarded, context)
-        )
-        writes.add((s.entity, LEDGER, "", s.kind), s.weight)
-        if forwarded:
-            for cohort in matching(self._cohorts.values(), s.attrs):
-                writes.add((s.entity, COHORT, cohort.id, s.kind), s.weight)
-            for community in s.communities:
-                writes.add((s.entity, COMMUNITY, community, s.kind), s.weight)
+        slots: list[Slot] = [(LEDGER, "", kind)]
+        context = None
+        if not self.members.is_left(user_id):
+            forwarded = True
+            cohorts = [c.id for c in matching(self._cohorts, attrs)] if self._cohorts else []
+            slots += [(COHORT, cid, kind) for cid in cohorts]
+            slots += [(COMMUNITY, name, kind) for name in communities]
+            if communities or attrs or cohorts:
+                context = _pack({"communities": communities, "attrs": attrs, "cohorts": cohorts})
             batch.forwarded += 1
+        else:
+            forwarded = False
+            if communities or attrs:
+                context = _pack({"communities": communities, "attrs": attrs})
+        batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
+        mine = batch.deltas.get(entity)
+        if mine is None:
+            mine = batch.deltas[entity] = {}
+        for slot in slots:
+            tally = mine.get(slot)
+            if tally is None:
+                mine[slot] = [1, weight]
+            else:
+                tally[0] += 1
+                tally[1] += weight
         batch.signals += 1
         batch.writes += 1
         return {"seq": seq, "forwarded": forwarded}
@@ -268,8 +294,11 @@ class Engine:
             return
         if self._cohort_names is None:
             self._cohort_names = {c.id: name for name, c in self._cohorts.items()}
-        read = CountsRead(entity, self._cohort_names)
-        self._open.steps.append(read)
+        uncommitted = [self._open.deltas]
+        if self._inflight is not None:
+            uncommitted.append(self._inflight.deltas)
+        read = self.aggregates.capture(entity, self._cohort_names, uncommitted)
+        self._open.reads.append(read)
         self._open.replies.append((conn, msgid, read))
         self._wake.set()
 
@@ -299,10 +328,20 @@ class Engine:
             batch = self._open
             if not batch.pending():
                 if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
+                    if self._last_checkpoint_tried or self._failed or not self.aggregates.live:
+                        return
+                    # one last checkpoint, so that the next boot replays nothing
+                    self._last_checkpoint_tried = True
+                    batch.checkpoint_seq = self._next_seq - 1
+                    batch.checkpoint = self.aggregates.begin_checkpoint(batch.checkpoint_seq)
+                else:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+            elif self.aggregates.due() and self._failed is None:
+                # everything before this batch has committed: the live deltas run to here
+                batch.checkpoint_seq = batch.first_seq - 1
+                batch.checkpoint = self.aggregates.begin_checkpoint(batch.checkpoint_seq)
             self._open = Batch(self._next_seq)
             self._inflight = batch
             try:
@@ -318,6 +357,9 @@ class Engine:
                 self._inflight = None
 
     def _deliver(self, batch: Batch) -> None:
+        if batch.checkpoint is not None:
+            self.aggregates.end_checkpoint(committed=True)
+        self.aggregates.absorb(batch.deltas, batch.signals)
         self.signals += batch.signals
         self.forwarded += batch.forwarded
         touched: dict[Replier, None] = {}
@@ -333,7 +375,9 @@ class Engine:
         The open batch was built on top of the failed one (its signals were gated
         by its leaves), so it fails with it.
         """
-        later = self._open
+        if batch.checkpoint is not None:
+            self.aggregates.end_checkpoint(committed=False)
+        later = self._open  # its deltas, like the failed batch's, are simply dropped
         for failed in (later, batch):
             for what, key, prior in reversed(failed.undo):
                 if what == "member":
@@ -359,3 +403,8 @@ class Engine:
 
 class _NotFound(Exception):
     pass
+
+
+#: Packs a ledger row's context: what the signal named, and what it was forwarded to,
+#: so that aggregates can be rebuilt from the ledger alone.
+_pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack

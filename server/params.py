@@ -8,8 +8,7 @@ Strings arrive as msgpack str or bin; both are accepted as UTF-8 text.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
@@ -32,8 +31,7 @@ class InvalidParams(Exception):
     """Answered as -32602 with this message."""
 
 
-@dataclass(frozen=True, slots=True)
-class SignalArgs:
+class SignalArgs(NamedTuple):
     user_id: int
     entity: str
     kind: str
@@ -99,30 +97,45 @@ def _value_text(value: str | bytes, where: str) -> str:
     return text(value, where, ATTR_VALUE_MAX_BYTES)
 
 
+# The signal path runs for every signal, so its checks come in two layers: an
+# inline test that passes the common case (ASCII strings, plain numbers) without
+# a function call, and, for anything else, the general check above, which is the
+# rule itself: it accepts what the inline test may have missed (non-ASCII text,
+# bin strings) or raises the error that names the argument.
+
+
 def signal(params: list[Any], where: str = "") -> SignalArgs:
-    arity(
-        params,
-        where.rstrip(".") or "signal",
-        "user_id, entity, kind, weight=1.0, context={}",
-        3,
-        5,
-    )
-    uid = user_id(params[0], f"{where}user_id")
-    entity = text(params[1], f"{where}entity", ENTITY_MAX_BYTES)
-    kind = text(params[2], f"{where}kind", KIND_MAX_BYTES)
-    w = weight(params[3], f"{where}weight") if len(params) > 3 else 1.0
-    communities: tuple[str, ...] = ()
-    attrs: dict[str, Scalar] = {}
-    if len(params) > 4 and params[4] is not None:
-        communities, attrs = _context(params[4], f"{where}context")
+    if not 3 <= len(params) <= 5:
+        arity(params, where.rstrip(".") or "signal", _SIGNAL_PARAMS, 3, 5)
+    uid = params[0]
+    if type(uid) is not int or uid < 0 or uid > USER_ID_MAX:
+        uid = user_id(uid, f"{where}user_id")
+    entity = params[1]
+    if type(entity) is not str or not entity.isascii() or not 0 < len(entity) <= ENTITY_MAX_BYTES:
+        entity = text(entity, f"{where}entity", ENTITY_MAX_BYTES)
+    kind = params[2]
+    if type(kind) is not str or not kind.isascii() or not 0 < len(kind) <= KIND_MAX_BYTES:
+        kind = text(kind, f"{where}kind", KIND_MAX_BYTES)
+    if len(params) == 3:
+        return SignalArgs(uid, entity, kind, 1.0, (), _NO_ATTRS)
+    w = params[3]
+    if type(w) is not float or not math.isfinite(w):
+        w = weight(w, f"{where}weight")
+    if len(params) == 4 or params[4] is None:
+        return SignalArgs(uid, entity, kind, w, (), _NO_ATTRS)
+    communities, attrs = _context(params[4], f"{where}context")
     return SignalArgs(uid, entity, kind, w, communities, attrs)
+
+
+_SIGNAL_PARAMS: Final = "user_id, entity, kind, weight=1.0, context={}"
+_NO_ATTRS: Final[dict[str, Scalar]] = {}
 
 
 def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scalar]]:
     if type(value) is not dict:
         raise InvalidParams(f"{where}: must be a map, got {_describe(value)}")
     communities: tuple[str, ...] = ()
-    attrs: dict[str, Scalar] = {}
+    attrs: dict[str, Scalar] = _NO_ATTRS
     for raw_key, item in value.items():
         key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
         if key == "communities":
@@ -137,15 +150,36 @@ def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scal
 
 
 def _communities(value: object, where: str) -> tuple[str, ...]:
+    if type(value) is list and len(value) <= MAX_COMMUNITIES:
+        for name in value:
+            if type(name) is not str or not name.isascii() or not 0 < len(name) <= NAME_MAX_BYTES:
+                break
+        else:  # all plain: a community named twice is counted once
+            return tuple(value) if len(value) < 2 else tuple(dict.fromkeys(value))
     if type(value) is not list:
         raise InvalidParams(f"{where}: must be an array of names, got {_describe(value)}")
     if len(value) > MAX_COMMUNITIES:
         raise InvalidParams(f"{where}: at most {MAX_COMMUNITIES} names, got {len(value)}")
     names = [text(item, f"{where}[{i}]", NAME_MAX_BYTES) for i, item in enumerate(value)]
-    return tuple(dict.fromkeys(names))  # a community named twice is counted once
+    return tuple(dict.fromkeys(names))
 
 
 def _attrs(value: object, where: str) -> dict[str, Scalar]:
+    if type(value) is dict and len(value) <= MAX_ATTRS:
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii() or not 0 < len(key) <= NAME_MAX_BYTES:
+                break
+            kind = type(item)
+            if kind is str:
+                if not item.isascii() or len(item) > ATTR_VALUE_MAX_BYTES:
+                    break
+            elif kind is float:
+                if not math.isfinite(item):
+                    break
+            elif kind is not int and kind is not bool:
+                break
+        else:
+            return value  # freshly decoded and all plain: no copy needed
     if type(value) is not dict:
         raise InvalidParams(f"{where}: must be a map, got {_describe(value)}")
     if len(value) > MAX_ATTRS:

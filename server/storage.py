@@ -1,8 +1,9 @@
 """SQLite storage through aiosqlite: schema, migrations, the boot load and the group commit.
 
-One connection, one writer: every batch is one transaction, whatever number of
-requests and connections it carries. SQLite's INTEGER is signed 64-bit, so user
-ids (unsigned 64-bit on the wire) are stored in two's complement.
+One connection, one thread, one writer: every batch is one transaction and one
+call on that thread, whatever number of requests and connections it carries.
+SQLite's INTEGER is signed 64-bit, so user ids (unsigned 64-bit on the wire)
+are stored in two's complement.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, TypeVar, cast
 
 import aiosqlite
 import msgpack
 
-from .batch import Batch, CountsRead, Writes
+from .batch import Batch
 
 log = logging.getLogger("tidal.storage")
 
 Durability = Literal["full", "normal"]
+T = TypeVar("T")
 
 _U64: Final = 2**64
 _I64_MAX: Final = 2**63 - 1
@@ -37,8 +40,9 @@ MIGRATIONS: Final[list[list[str]]] = [
             weight REAL NOT NULL,
             ts_ns INTEGER NOT NULL,
             forwarded INTEGER NOT NULL,
-            context BLOB
+            context BLOB  -- msgpack {communities, attrs, cohorts}: what it was forwarded to
         )""",
+        # A view of the ledger up to meta.aggregates_seq (see aggregates.py).
         # layer 0 ledger (key ''), 1 cohort (key = cohort id), 2 community (key = name)
         """CREATE TABLE aggregates (
             entity TEXT NOT NULL,
@@ -79,6 +83,7 @@ _UPSERT_MEMBERSHIP: Final = (
     "INSERT INTO memberships (user_id, left, left_at_ns) VALUES (?, ?, ?)"
     " ON CONFLICT DO UPDATE SET left = excluded.left, left_at_ns = excluded.left_at_ns"
 )
+_SET_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
@@ -109,10 +114,22 @@ class Snapshot:
     cohorts: list[tuple[int, str, Any]]
     next_seq: int
     next_cohort_id: int
+    #: the aggregates table holds every signal up to this seq; later ledger rows follow
+    watermark: int
+    ledger_tail: list[tuple[str, str, float, int, bytes | None]]
+
+
+class _Connection(aiosqlite.Connection):
+    """aiosqlite's connection and its one thread, plus what it does not expose: running a
+    whole batch as a single call there. aiosqlite pays a thread round trip per call."""
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        result: T = await self._execute(fn, self._conn)  # type: ignore[no-untyped-call]
+        return result
 
 
 class Storage:
-    def __init__(self, db: aiosqlite.Connection, path: str) -> None:
+    def __init__(self, db: _Connection, path: str) -> None:
         self._db = db
         self.path = path
         self.commits = 0
@@ -121,103 +138,124 @@ class Storage:
     async def open(cls, path: str | Path, durability: Durability = "full") -> Storage:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
-        db = await aiosqlite.connect(str(path), isolation_level=None)
+        location = str(path)
+
+        def connector() -> sqlite3.Connection:
+            return sqlite3.connect(location, isolation_level=None, check_same_thread=False)
+
+        db = cast(_Connection, await _Connection(connector, iter_chunk_size=256))
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
-            await db.execute("PRAGMA foreign_keys=OFF")
             await _migrate(db)
         except BaseException:
             await db.close()
             raise
-        return cls(db, str(path))
+        return cls(db, location)
 
     async def load(self) -> Snapshot:
-        db = self._db
-        members = [
-            (from_db(uid), bool(left), at)
-            for uid, left, at in await db.execute_fetchall(
-                "SELECT user_id, left, left_at_ns FROM memberships"
-            )
-        ]
-        cohorts = [
-            (cid, name, msgpack.unpackb(blob, raw=False))
-            for cid, name, blob in await db.execute_fetchall(
-                "SELECT id, name, predicate FROM cohorts ORDER BY id"
-            )
-        ]
-        ((max_seq,),) = await db.execute_fetchall("SELECT COALESCE(MAX(seq), 0) FROM ledger")
-        rows = list(
-            await db.execute_fetchall("SELECT value FROM meta WHERE key = 'next_cohort_id'")
-        )
-        next_cohort_id = int(rows[0][0]) if rows else 1
-        return Snapshot(members, cohorts, int(max_seq) + 1, next_cohort_id)
+        return await self._db.run(_load)
 
     async def commit(self, batch: Batch) -> None:
-        """Run the batch's steps in order inside one transaction, then COMMIT.
+        """The batch's reads, then its writes in one transaction: one call on the thread.
 
-        A batch that changes nothing (reads only) runs without a transaction and
-        costs no fsync.
+        Reads come first so that a read never sees a checkpoint taken in its own batch
+        (see ``CountsRead``). A batch that changes nothing costs no transaction.
         """
-        db = self._db
-        writing = batch.writes > 0
         try:
-            if writing:
-                await db.execute("BEGIN IMMEDIATE")
-            for step in batch.steps:
-                if type(step) is Writes:
-                    if step.ledger:
-                        await db.executemany(_INSERT_LEDGER, step.ledger)
-                    if step.deltas:
-                        await db.executemany(
-                            _UPSERT_AGGREGATE,
-                            [(*key, c, w) for key, (c, w) in step.deltas.items()],
-                        )
-                else:
-                    assert type(step) is CountsRead
-                    rows = await db.execute_fetchall(_SELECT_COUNTS, (step.entity,))
-                    step.rows = cast(list[tuple[int, int | str, str, int, float]], list(rows))
-            if batch.memberships:
-                await db.executemany(
-                    _UPSERT_MEMBERSHIP,
-                    [(to_db(u), int(left), at) for u, (left, at) in batch.memberships.items()],
-                )
-            if batch.cohorts:
-                await self._write_cohorts(batch)
-            if writing:
-                await db.execute("COMMIT")
-                self.commits += 1
+            wrote = await self._db.run(lambda db: _apply(db, batch))
         except sqlite3.Error as exc:
-            await self._rollback()
             code = getattr(exc, "sqlite_errorcode", None)
             raise StorageFailure(
                 f"commit failed: {exc}", transient=code == sqlite3.SQLITE_FULL
             ) from exc
-
-    async def _write_cohorts(self, batch: Batch) -> None:
-        db = self._db
-        dropped = [(name,) for name, c in batch.cohorts.items() if c is None]
-        defined = [
-            (c.id, c.name, msgpack.packb(c.predicate, use_bin_type=True))
-            for c in batch.cohorts.values()
-            if c is not None
-        ]
-        if dropped:
-            await db.executemany("DELETE FROM cohorts WHERE name = ?", dropped)
-        if defined:
-            await db.executemany(_UPSERT_COHORT, defined)
-        if batch.next_cohort_id is not None:
-            await db.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES ('next_cohort_id', ?)",
-                (batch.next_cohort_id,),
-            )
-
-    async def _rollback(self) -> None:
-        with contextlib.suppress(sqlite3.Error):  # none was open, or SQLite rolled it back
-            await self._db.execute("ROLLBACK")
+        if wrote:
+            self.commits += 1
 
     async def close(self) -> None:
         await self._db.close()
+
+
+def _load(db: sqlite3.Connection) -> Snapshot:
+    members = [
+        (from_db(uid), bool(left), at)
+        for uid, left, at in db.execute("SELECT user_id, left, left_at_ns FROM memberships")
+    ]
+    cohorts = [
+        (cid, name, msgpack.unpackb(blob, raw=False))
+        for cid, name, blob in db.execute("SELECT id, name, predicate FROM cohorts ORDER BY id")
+    ]
+    ((max_seq,),) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM ledger")
+    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    watermark = int(meta.get("aggregates_seq", 0))
+    tail = db.execute(
+        "SELECT entity, kind, weight, forwarded, context FROM ledger WHERE seq > ? ORDER BY seq",
+        (watermark,),
+    ).fetchall()
+    return Snapshot(
+        members,
+        cohorts,
+        int(max_seq) + 1,
+        int(meta.get("next_cohort_id", 1)),
+        watermark,
+        tail,
+    )
+
+
+def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
+    """Runs on the storage thread. True if a transaction was committed."""
+    for read in batch.reads:
+        read.rows = db.execute(_SELECT_COUNTS, (read.entity,)).fetchall()
+        read.table_watermark = _watermark(db)
+    if not batch.writes and batch.checkpoint is None:
+        return False
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        if batch.ledger:
+            db.executemany(_INSERT_LEDGER, batch.ledger)
+        if batch.memberships:
+            db.executemany(
+                _UPSERT_MEMBERSHIP,
+                [(to_db(u), int(left), at) for u, (left, at) in batch.memberships.items()],
+            )
+        if batch.cohorts:
+            _write_cohorts(db, batch)
+        if batch.checkpoint is not None:
+            db.executemany(
+                _UPSERT_AGGREGATE,
+                [
+                    (entity, layer, key, kind, count, weight)
+                    for entity, slots in batch.checkpoint.items()
+                    for (layer, key, kind), (count, weight) in slots.items()
+                ],
+            )
+            db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+            db.execute("ROLLBACK")
+        raise
+    return True
+
+
+def _watermark(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT value FROM meta WHERE key = 'aggregates_seq'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _write_cohorts(db: sqlite3.Connection, batch: Batch) -> None:
+    dropped = [(name,) for name, c in batch.cohorts.items() if c is None]
+    defined = [
+        (c.id, c.name, msgpack.packb(c.predicate, use_bin_type=True))
+        for c in batch.cohorts.values()
+        if c is not None
+    ]
+    if dropped:
+        db.executemany("DELETE FROM cohorts WHERE name = ?", dropped)
+    if defined:
+        db.executemany(_UPSERT_COHORT, defined)
+    if batch.next_cohort_id is not None:
+        db.execute(_SET_META, ("next_cohort_id", batch.next_cohort_id))
 
 
 async def _migrate(db: aiosqlite.Connection) -> None:

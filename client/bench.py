@@ -1,0 +1,267 @@
+"""``tidal bench``: a load generator in the manner of redis-benchmark.
+
+It must not be what it measures, so every request is encoded before the clock
+starts, replies are only counted and timed (never turned into objects), and
+each connection keeps exactly ``pipeline`` requests in flight: a reply frees
+its slot, and the slot's next request goes out in the same write as the others
+freed by that chunk of input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Final, Literal, cast
+
+import msgpack
+
+Workload = Literal["signal", "batch", "leave", "status", "mixed"]
+WORKLOADS: Final = ("signal", "batch", "leave", "status", "mixed")
+COUNTRIES: Final = ("DE", "FR", "US", "JP")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    host: str = "127.0.0.1"
+    port: int = 7411
+    clients: int = 50
+    pipeline: int = 1
+    requests: int = 100_000
+    workload: Workload = "signal"
+    batch_size: int = 1_000
+    users: int = 100_000
+    left_fraction: float = 0.0
+    entities: int = 1_000
+    seed: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    workload: str
+    clients: int
+    pipeline: int
+    requests: int
+    signals: int
+    errors: int
+    seconds: float
+    requests_per_s: float
+    signals_per_s: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+
+
+def _requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]]:
+    """Method and params of ``count`` requests of the workload, drawn from ``rng``."""
+
+    def signal_params() -> list[Any]:
+        user = rng.randrange(cfg.users)
+        context = {
+            "communities": [f"c{user % 16}"],
+            "attrs": {"country": COUNTRIES[user % len(COUNTRIES)]},
+        }
+        return [user, f"e{rng.randrange(cfg.entities)}", "view", 1.0, context]
+
+    out: list[list[Any]] = []
+    for _ in range(count):
+        if cfg.workload == "signal":
+            out.append(["signal", signal_params()])
+        elif cfg.workload == "batch":
+            out.append(["signal_batch", [[signal_params() for _ in range(cfg.batch_size)]]])
+        elif cfg.workload == "status":
+            out.append(["status", [rng.randrange(cfg.users)]])
+        elif cfg.workload == "leave":
+            out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
+        else:  # mixed: 95% signal, 4% status, 1% leave or rejoin
+            roll = rng.random()
+            if roll < 0.95:
+                out.append(["signal", signal_params()])
+            elif roll < 0.99:
+                out.append(["status", [rng.randrange(cfg.users)]])
+            else:
+                out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
+    return out
+
+
+class _Load(asyncio.Protocol):
+    """One connection: ``pipeline`` slots, each with its own queue of encoded requests."""
+
+    def __init__(self, queues: list[list[bytes]], latencies: list[float], done: Callable[[], None]):
+        self.queues = [list(reversed(q)) for q in queues]  # pop() from the end is O(1)
+        self.sent_at = [0.0] * len(queues)
+        self.latencies = latencies
+        self.errors = 0
+        self.answered = 0
+        self.unpacker = msgpack.Unpacker(raw=False, use_list=False)
+        self._done = done
+        self.outstanding = 0
+        self.lost: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def start(self) -> None:
+        now = time.perf_counter()
+        out = []
+        for slot, queue in enumerate(self.queues):
+            if queue:
+                out.append(queue.pop())
+                self.sent_at[slot] = now
+                self.outstanding += 1
+        if out:
+            self.transport.write(b"".join(out))
+        else:
+            self._done()
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        self.unpacker.feed(data)
+        out = []
+        queues, sent_at, latencies = self.queues, self.sent_at, self.latencies
+        for message in self.unpacker:
+            slot = message[1]
+            latencies.append(now - sent_at[slot])
+            self.answered += 1
+            if message[2] is not None:
+                self.errors += 1
+                if self.errors == 1:
+                    print(f"tidal bench: error reply: {message[2]!r}", file=sys.stderr)
+            queue = queues[slot]
+            if queue:
+                out.append(queue.pop())
+                sent_at[slot] = now
+            else:
+                self.outstanding -= 1
+        if out:
+            self.transport.write(b"".join(out))
+        if self.outstanding == 0:
+            self._done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.outstanding:
+            self.lost = exc or ConnectionError("connection closed by the server")
+            self.outstanding = 0
+            self._done()
+
+
+async def _setup(cfg: BenchConfig) -> None:
+    """A cohort to match, and the users who have left, before the clock starts.
+
+    Users 0..users*left_fraction leave; against a fresh database that makes
+    exactly that fraction of the signals gated.
+    """
+    from .client import Client
+
+    async with await Client.connect(cfg.host, cfg.port, timeout=300) as client:
+        await client.define_cohort("bench-de", {"country": "DE"})
+        left = int(cfg.users * cfg.left_fraction)
+        for start in range(0, left, 1000):
+            await asyncio.gather(*(client.leave(u) for u in range(start, min(left, start + 1000))))
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, int(q * len(sorted_values)))
+    return sorted_values[index] * 1000
+
+
+async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = None) -> BenchResult:
+    if cfg.clients < 1 or cfg.pipeline < 1 or cfg.requests < 1:
+        raise ValueError("clients, pipeline and requests must be at least 1")
+    if cfg.workload not in WORKLOADS:
+        raise ValueError(f"workload: one of {', '.join(WORKLOADS)}")
+    await _setup(cfg)
+    rng = random.Random(cfg.seed)
+    loop = asyncio.get_running_loop()
+    packer = msgpack.Packer(use_bin_type=True)
+    per_client = [cfg.requests // cfg.clients] * cfg.clients
+    for i in range(cfg.requests % cfg.clients):
+        per_client[i] += 1
+    conns: list[_Load] = []
+    latencies: list[float] = []
+    finished = asyncio.Event()
+    remaining = cfg.clients
+
+    def one_done() -> None:
+        nonlocal remaining
+        remaining -= 1
+        if remaining == 0:
+            finished.set()
+
+    for count in per_client:
+        queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
+        for i, (method, params) in enumerate(_requests(cfg, rng, count)):
+            slot = i % cfg.pipeline
+            queues[slot].append(packer.pack([0, slot, method, params]))
+        _, conn = await loop.create_connection(
+            functools.partial(_Load, queues, latencies, one_done), cfg.host, cfg.port
+        )
+        conns.append(conn)
+    began = time.perf_counter()
+    for conn in conns:
+        conn.start()
+    reporter = asyncio.create_task(_report(conns, cfg.requests, progress)) if progress else None
+    await finished.wait()
+    seconds = time.perf_counter() - began
+    if reporter is not None:
+        reporter.cancel()
+        progress(cfg.requests, cfg.requests)  # type: ignore[misc]
+    for conn in conns:
+        conn.transport.close()
+    lost = [c.lost for c in conns if c.lost is not None]
+    if lost:
+        raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
+    latencies.sort()
+    signals_per_request = {"signal": 1, "batch": cfg.batch_size, "mixed": 0.95}.get(cfg.workload, 0)
+    signals = int(cfg.requests * signals_per_request)
+    return BenchResult(
+        workload=cfg.workload,
+        clients=cfg.clients,
+        pipeline=cfg.pipeline,
+        requests=cfg.requests,
+        signals=signals,
+        errors=sum(c.errors for c in conns),
+        seconds=round(seconds, 4),
+        requests_per_s=round(cfg.requests / seconds, 1),
+        signals_per_s=round(signals / seconds, 1),
+        p50_ms=round(_percentile(latencies, 0.5), 3),
+        p99_ms=round(_percentile(latencies, 0.99), 3),
+        p999_ms=round(_percentile(latencies, 0.999), 3),
+    )
+
+
+async def _report(conns: list[_Load], total: int, progress: Callable[[int, int], None]) -> None:
+    while True:
+        progress(sum(c.answered for c in conns), total)
+        await asyncio.sleep(0.2)  # a display refresh, not synchronisation
+
+
+def progress_bar(done: int, total: int) -> None:
+    width = 40
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def format_result(result: BenchResult, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(asdict(result))
+    r = result
+    lines = [
+        f"workload {r.workload}: {r.clients} clients x {r.pipeline} pipelined,"
+        f" {r.requests} requests",
+        f"  {r.requests_per_s:,.0f} requests/s"
+        + (f", {r.signals_per_s:,.0f} signals/s" if r.signals else ""),
+        f"  latency p50 {r.p50_ms:.3f} ms, p99 {r.p99_ms:.3f} ms, p99.9 {r.p999_ms:.3f} ms",
+        f"  {r.errors} errors, {r.seconds:.2f} s",
+    ]
+    return "\n".join(lines)
