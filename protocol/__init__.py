@@ -5,6 +5,7 @@ from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocol
 from .messages import (
     MSGID_MAX,
     MSGID_MIN,
+    RESPONSE,
     BadRequest,
     Event,
     Message,
@@ -18,6 +19,7 @@ __all__ = [
     "MSGID_MAX",
     "MSGID_MIN",
     "NEED_DATA",
+    "RESPONSE",
     "BadRequest",
     "Connection",
     "ErrorCode",

@@ -41,6 +41,10 @@ class _NeedData:
 NEED_DATA: Final = _NeedData()
 
 
+#: Builds a NamedTuple event without the Python-level ``__new__`` it would call.
+_new: Final[Any] = tuple.__new__
+
+
 def _is_int(value: object) -> TypeGuard[int]:
     # bool is an int subclass in Python, but never a valid msgid or type tag.
     return type(value) is int
@@ -96,8 +100,11 @@ class Connection:
         self._input: deque[bytes | memoryview] = deque()  # received, not yet given to msgpack
         self._fed = 0  # bytes given to msgpack since the stream began
         self._boundary = 0  # stream offset where the pending message starts
+        # To name a refused message by its msgid we need its first bytes; they are
+        # found when needed in the last piece fed, or carried over from before it.
         self._last_piece: bytes | memoryview = b""
-        self._head = b""  # first bytes of the pending message, to name it if it is refused
+        self._piece_start = 0  # stream offset of the last piece
+        self._carried_head = b""
 
     # -- receiving -------------------------------------------------------
 
@@ -131,8 +138,6 @@ class Connection:
         if end - self._boundary > self.max_message_size:
             self._too_large()
         self._boundary = end
-        offset = end - (self._fed - len(self._last_piece))
-        self._head = bytes(self._last_piece[offset : offset + _HEAD_SIZE])
         return self._classify(obj)
 
     def _feed(self) -> bool:
@@ -145,8 +150,10 @@ class Connection:
             view = memoryview(piece)
             piece, rest = view[: self.max_message_size], view[self.max_message_size :]
             self._input.appendleft(rest)
-        if len(self._head) < _HEAD_SIZE and self._fed - self._boundary == len(self._head):
-            self._head += bytes(piece[: _HEAD_SIZE - len(self._head)])
+        # Complete messages were all consumed before we got here, so the pending
+        # message's start is final: keep what the outgoing piece holds of it.
+        self._carried_head = self._pending_head()
+        self._piece_start = self._fed
         self._fed += len(piece)
         self._last_piece = piece
         try:
@@ -155,19 +162,28 @@ class Connection:
             self._too_large()
         return True
 
+    def _pending_head(self) -> bytes:
+        """The first bytes of the pending message, as many as we still have (up to 16)."""
+        if self._boundary >= self._piece_start:
+            offset = self._boundary - self._piece_start
+            return bytes(self._last_piece[offset : offset + _HEAD_SIZE])
+        return (self._carried_head + bytes(self._last_piece[:_HEAD_SIZE]))[:_HEAD_SIZE]
+
     def _too_large(self) -> NoReturn:
         raise self._break(
             RemoteProtocolError(
                 f"message too large: the limit is {self.max_message_size} bytes",
                 ErrorCode.TOO_LARGE,
-                _peek_msgid(self._head),
+                _peek_msgid(self._pending_head()),
             )
         )
 
     def _malformed(self, exc: Exception) -> NoReturn:
         raise self._break(
             RemoteProtocolError(
-                f"malformed MessagePack: {exc!r}", ErrorCode.PARSE_ERROR, _peek_msgid(self._head)
+                f"malformed MessagePack: {exc!r}",
+                ErrorCode.PARSE_ERROR,
+                _peek_msgid(self._pending_head()),
             )
         )
 
@@ -200,7 +216,7 @@ class Connection:
             params = obj[3]
             if type(params) is not list:
                 return BadRequest(msgid, ErrorCode.INVALID_REQUEST, "params: must be an array")
-            return Request(msgid, method, params)
+            return _new(Request, (msgid, method, params))
         if kind == NOTIFICATION:
             method = _method_name(obj[1]) if len(obj) == 3 else None
             if method is None or type(obj[2]) is not list:
@@ -238,14 +254,20 @@ class Connection:
             )
         return data
 
-    def send_response(self, msgid: int, error: Any, result: Any) -> bytes:
-        """The hot path of a server: one reply, no message object in between."""
+    def send_responses(self, responses: list[list[Any]]) -> bytes:
+        """Many ``[1, msgid, error, result]`` in one call: the hot path of a server.
+
+        MessagePack writes an array as a header followed by its elements packed
+        back to back, so packing the list and cutting off the header leaves
+        exactly the stream of responses, encoded by one call into C.
+        """
         try:
-            data: bytes = self._packer.pack([RESPONSE, msgid, error, result])
+            data: bytes = self._packer.pack(responses)
         except (TypeError, ValueError, OverflowError) as exc:
             self._packer.reset()
             raise LocalProtocolError(f"cannot encode response: {exc}") from exc
-        return data
+        count = len(responses)
+        return data[1 if count < 16 else 3 if count < 65536 else 5 :]
 
 
 def _check_msgid(msgid: object) -> None:

@@ -127,15 +127,18 @@ class Aggregates:
         )
 
     def replay(self, rows: Iterable[tuple[str, str, float, int, bytes | None]]) -> int:
-        """Rebuild the live deltas from ledger rows above the watermark (at boot)."""
+        """Rebuild the live deltas from ledger rows above the watermark (at boot).
+
+        A row's context is ``[communities, attrs, cohort ids]`` (see ``Engine._record``).
+        """
         live = self.live
         count = 0
         for entity, kind, weight, forwarded, context in rows:
-            slots = [(LEDGER, "", kind)]
+            slots: list[Slot] = [(LEDGER, "", kind)]
             if forwarded and context is not None:
-                ctx = msgpack.unpackb(context, raw=False)
-                slots += [(COHORT, cid, kind) for cid in ctx.get("cohorts", ())]
-                slots += [(COMMUNITY, name, kind) for name in ctx.get("communities", ())]
+                communities, _, cohorts = msgpack.unpackb(context, raw=False)
+                slots += [(COHORT, cid, kind) for cid in cohorts]
+                slots += [(COMMUNITY, name, kind) for name in communities]
             mine = live.setdefault(entity, {})
             for slot in slots:
                 tally = mine.get(slot)

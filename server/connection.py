@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from tidal.protocol import (
     NEED_DATA,
+    RESPONSE,
     BadRequest,
     Connection,
     ErrorCode,
@@ -63,7 +64,7 @@ class ServerConnection(asyncio.Protocol):
         self._max_inflight = config.max_inflight
         self._max_message_size = config.max_message_size
         self._connections = connections
-        self._out: list[bytes] = []
+        self._out: list[list[Any]] = []  # replies not yet written
         self.inflight = 0
         self.closed = False
         self.draining = False
@@ -126,29 +127,36 @@ class ServerConnection(asyncio.Protocol):
 
     def reply(self, msgid: int, result: Any) -> None:
         self.inflight -= 1
-        if self.closed:
-            return
-        try:
-            data = self.conn.send_response(msgid, None, result)
-        except LocalProtocolError:
-            log.exception("cannot encode the reply to %d", msgid)
-            error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded"]
-            data = self.conn.send_response(msgid, error, None)
-        self._out.append(data)
+        if not self.closed:
+            self._out.append([RESPONSE, msgid, None, result])
 
     def reply_error(self, msgid: int, code: int, message: str) -> None:
         self.inflight -= 1
-        if self.closed:
-            return
-        self._out.append(self.conn.send_response(msgid, [int(code), message], None))
+        if not self.closed:
+            self._out.append([RESPONSE, msgid, [int(code), message], None])
 
     def flush(self) -> None:
+        """Send every reply gathered since the last flush, in one write."""
         if self._out:
             if not self.closed:
-                self.transport.write(b"".join(self._out))
-            self._out.clear()
+                self.transport.write(self._encode(self._out))
+            self._out = []
         if self.inflight <= self._max_inflight // 2:
             self.flow.busy(False)
+
+    def _encode(self, replies: list[list[Any]]) -> bytes:
+        try:
+            return self.conn.send_responses(replies)
+        except LocalProtocolError:  # find the reply that cannot be encoded; answer the rest
+            parts = []
+            for reply in replies:
+                try:
+                    parts.append(self.conn.send_responses([reply]))
+                except LocalProtocolError:
+                    log.exception("cannot encode the reply to %d", reply[1])
+                    error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded"]
+                    parts.append(self.conn.send_responses([[RESPONSE, reply[1], error, None]]))
+            return b"".join(parts)
 
     def drain(self) -> None:
         """Stop reading for shutdown; requests already read are still answered."""

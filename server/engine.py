@@ -77,7 +77,7 @@ class Engine:
         self.aggregates.replay(snapshot.ledger_tail)
         self._open = Batch(self._next_seq)
         self._inflight: Batch | None = None
-        self._wake = asyncio.Event()
+        self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
         self._closing = False
         self._last_checkpoint_tried = False
         self._failed: str | None = None
@@ -106,7 +106,7 @@ class Engine:
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
         self._closing = True
-        self._wake.set()
+        self._wake()
         if self._task is not None:
             await self._task
 
@@ -141,7 +141,8 @@ class Engine:
         """A write's reply: sent once the batch it joined has committed."""
         if msgid is not None:
             self._open.replies.append((conn, msgid, result))
-        self._wake.set()
+        if self._idle is not None:
+            self._wake()
 
     def _answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
         """A read's reply: now, unless it could show a write that is not yet on disk."""
@@ -150,7 +151,7 @@ class Engine:
         inflight = self._inflight
         if self._open.writes or (inflight is not None and inflight.writes):
             self._open.replies.append((conn, msgid, result))
-            self._wake.set()
+            self._wake()
         else:
             conn.reply(msgid, result)
 
@@ -182,35 +183,32 @@ class Engine:
         self._ack(conn, msgid, [record(batch, s, now) for s in signals])
 
     def _record(self, batch: Batch, s: SignalArgs, now_ns: int) -> dict[str, Any]:
-        """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
+        """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O.
+
+        The ledger row's context is ``[communities, attrs, cohort ids]``: what the
+        signal named and what it was forwarded to, so the ledger alone rebuilds
+        the aggregates.
+        """
         user_id, entity, kind, weight, communities, attrs = s
         seq = self._next_seq
         self._next_seq = seq + 1
-        slots: list[Slot] = [(LEDGER, "", kind)]
-        context = None
-        if not self.members.is_left(user_id):
-            forwarded = True
-            cohorts = [c.id for c in matching(self._cohorts, attrs)] if self._cohorts else []
-            slots += [(COHORT, cid, kind) for cid in cohorts]
-            slots += [(COMMUNITY, name, kind) for name in communities]
-            if communities or attrs or cohorts:
-                context = _pack({"communities": communities, "attrs": attrs, "cohorts": cohorts})
-            batch.forwarded += 1
-        else:
-            forwarded = False
-            if communities or attrs:
-                context = _pack({"communities": communities, "attrs": attrs})
-        batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
         mine = batch.deltas.get(entity)
         if mine is None:
             mine = batch.deltas[entity] = {}
-        for slot in slots:
-            tally = mine.get(slot)
-            if tally is None:
-                mine[slot] = [1, weight]
-            else:
-                tally[0] += 1
-                tally[1] += weight
+        _bump(mine, (LEDGER, "", kind), weight)
+        if self.members.is_left(user_id):
+            forwarded = False
+            context = _pack((communities, attrs, ())) if communities or attrs else None
+        else:
+            forwarded = True
+            cohorts = [c.id for c in matching(self._cohorts, attrs)] if self._cohorts else ()
+            for cid in cohorts:
+                _bump(mine, (COHORT, cid, kind), weight)
+            for name in communities:
+                _bump(mine, (COMMUNITY, name, kind), weight)
+            context = _pack((communities, attrs, cohorts)) if communities or cohorts else None
+            batch.forwarded += 1
+        batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
         batch.signals += 1
         batch.writes += 1
         return {"seq": seq, "forwarded": forwarded}
@@ -300,7 +298,7 @@ class Engine:
         read = self.aggregates.capture(entity, self._cohort_names, uncommitted)
         self._open.reads.append(read)
         self._open.replies.append((conn, msgid, read))
-        self._wake.set()
+        self._wake()
 
     def _stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "stats", "none", 0, 0)
@@ -335,8 +333,8 @@ class Engine:
                     batch.checkpoint_seq = self._next_seq - 1
                     batch.checkpoint = self.aggregates.begin_checkpoint(batch.checkpoint_seq)
                 else:
-                    self._wake.clear()
-                    await self._wake.wait()
+                    self._idle = asyncio.get_running_loop().create_future()
+                    await self._idle
                     continue
             elif self.aggregates.due() and self._failed is None:
                 # everything before this batch has committed: the live deltas run to here
@@ -355,6 +353,12 @@ class Engine:
                 self._deliver(batch)
             finally:
                 self._inflight = None
+
+    def _wake(self) -> None:
+        """Start the writer if it waits for work (it re-checks the open batch after each commit)."""
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
 
     def _deliver(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
@@ -405,6 +409,13 @@ class _NotFound(Exception):
     pass
 
 
-#: Packs a ledger row's context: what the signal named, and what it was forwarded to,
-#: so that aggregates can be rebuilt from the ledger alone.
 _pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
+
+
+def _bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
+    tally = tallies.get(slot)
+    if tally is None:
+        tallies[slot] = [1, weight]
+    else:
+        tally[0] += 1
+        tally[1] += weight

@@ -40,7 +40,7 @@ MIGRATIONS: Final[list[list[str]]] = [
             weight REAL NOT NULL,
             ts_ns INTEGER NOT NULL,
             forwarded INTEGER NOT NULL,
-            context BLOB  -- msgpack {communities, attrs, cohorts}: what it was forwarded to
+            context BLOB  -- msgpack [communities, attrs, cohort ids]: what it named and reached
         )""",
         # A view of the ledger up to meta.aggregates_seq (see aggregates.py).
         # layer 0 ledger (key ''), 1 cohort (key = cohort id), 2 community (key = name)

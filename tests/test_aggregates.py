@@ -35,11 +35,11 @@ def recompute(db: Path, cohort_names: dict[int, str]) -> dict[str, dict[str, Any
     for entity, kind, weight, forwarded, context in rows:
         bump(out[entity]["ledger"], kind, weight)
         if forwarded and context:
-            ctx = msgpack.unpackb(context, raw=False)
-            for cid in ctx.get("cohorts", []):
+            communities, _, cohorts = msgpack.unpackb(context, raw=False)
+            for cid in cohorts:
                 if cid in cohort_names:
                     bump(out[entity]["cohorts"].setdefault(cohort_names[cid], {}), kind, weight)
-            for name in ctx.get("communities", []):
+            for name in communities:
                 bump(out[entity]["communities"].setdefault(name, {}), kind, weight)
     return out
 

@@ -133,8 +133,15 @@ def test_send_round_trips_through_a_peer() -> None:
     server, client = Connection(), Connection()
     request = Request(2**63, "signal", [1, "e", "k", 1.5, {"attrs": {"a": True}}])
     assert events(server, client.send(request)) == [request]
-    reply = server.send_response(2**63, [2, "unavailable"], None)
+    reply = server.send_responses([[1, 2**63, [2, "unavailable"], None]])
     assert events(client, reply) == [Response(2**63, [2, "unavailable"], None)]
+
+
+@pytest.mark.parametrize("count", [0, 1, 15, 16, 65535, 65536])
+def test_many_responses_encode_as_a_plain_stream(count: int) -> None:
+    replies = [[1, i, None, {"seq": i, "forwarded": i % 2 == 0}] for i in range(count)]
+    data = Connection().send_responses(replies)
+    assert data == b"".join(msgpack.packb(r) for r in replies)
 
 
 @pytest.mark.parametrize("msgid", [-(2**63) - 1, 2**64, True, "1"])
