@@ -25,6 +25,7 @@ from .messages import (
     Notification,
     Request,
     Response,
+    new_tuple,
 )
 
 DEFAULT_MAX_MESSAGE_SIZE: Final = 8 * 1024 * 1024
@@ -39,10 +40,6 @@ class _NeedData:
 
 
 NEED_DATA: Final = _NeedData()
-
-
-#: Builds a NamedTuple event without the Python-level ``__new__`` it would call.
-_new: Final[Any] = tuple.__new__
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -216,7 +213,7 @@ class Connection:
             params = obj[3]
             if type(params) is not list:
                 return BadRequest(msgid, ErrorCode.INVALID_REQUEST, "params: must be an array")
-            return _new(Request, (msgid, method, params))
+            return new_tuple(Request, (msgid, method, params))
         if kind == NOTIFICATION:
             method = _method_name(obj[1]) if len(obj) == 3 else None
             if method is None or type(obj[2]) is not list:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from collections.abc import Iterable
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 REQUEST: Final = 0
 RESPONSE: Final = 1
@@ -41,6 +42,17 @@ class BadRequest(NamedTuple):
     code: int
     message: str
 
+
+_T = TypeVar("_T")
+
+
+class _TupleNew(Protocol):
+    def __call__(self, cls: type[_T], values: Iterable[Any], /) -> _T: ...
+
+
+#: Builds a NamedTuple from a tuple of its fields without the Python-level
+#: ``__new__`` a NamedTuple call goes through; for paths taken per message.
+new_tuple: Final[_TupleNew] = tuple.__new__  # type: ignore[assignment]
 
 Message = Request | Response | Notification
 Event = Request | Response | Notification | BadRequest

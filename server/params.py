@@ -21,6 +21,7 @@ from tidal.protocol.limits import (
     NAME_MAX_BYTES,
     USER_ID_MAX,
 )
+from tidal.protocol.messages import new_tuple
 
 Scalar: TypeAlias = str | int | float | bool
 #: attribute -> the value it must have, or an array of values it may have
@@ -117,18 +118,17 @@ def signal(params: list[Any], where: str = "") -> SignalArgs:
     if type(kind) is not str or not kind.isascii() or not 0 < len(kind) <= KIND_MAX_BYTES:
         kind = text(kind, f"{where}kind", KIND_MAX_BYTES)
     if len(params) == 3:
-        return _new(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS))
+        return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS))
     w = params[3]
     if type(w) is not float or not math.isfinite(w):
         w = weight(w, f"{where}weight")
     if len(params) == 4 or params[4] is None:
-        return _new(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS))
+        return new_tuple(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS))
     communities, attrs = _context(params[4], f"{where}context")
-    return _new(SignalArgs, (uid, entity, kind, w, communities, attrs))
+    return new_tuple(SignalArgs, (uid, entity, kind, w, communities, attrs))
 
 
 _SIGNAL_PARAMS: Final = "user_id, entity, kind, weight=1.0, context={}"
-_new: Final[Any] = tuple.__new__  # a NamedTuple without its Python-level __new__
 _NO_ATTRS: Final[dict[str, Scalar]] = {}
 
 
