@@ -10,7 +10,7 @@ TIDAL_PORT ?= 7411
 TIDAL_DB   ?= ./tidal.db
 export TIDAL_HOST TIDAL_PORT TIDAL_DB
 
-.PHONY: run test lint typecheck pytest clean
+.PHONY: run test lint pytest bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -30,13 +30,19 @@ pytest: $(STAMP)
 # mypy cannot follow setuptools' package-dir mapping, so it reads the sources
 # through a tree of links laid out as they are imported (tidal/server -> server).
 lint: $(STAMP)
-	$(BIN)/ruff check server protocol client tests
-	$(BIN)/ruff format --check server protocol client tests
+	$(BIN)/ruff check server protocol client tests bench
+	$(BIN)/ruff format --check server protocol client tests bench
 	rm -rf .lint && mkdir -p .lint/tidal
 	ln -s ../../server .lint/tidal/server
 	ln -s ../../protocol .lint/tidal/protocol
 	ln -s ../../client .lint/tidal/client
 	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml -p tidal.protocol -p tidal.server -p tidal.client
+
+# Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
+# Installs Redis from Debian if missing (needs root and apt).
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE))
 
 clean:
 	rm -rf $(VENV) .lint .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -21,8 +21,8 @@ from typing import Any, Final, Literal, cast
 
 import msgpack
 
-Workload = Literal["signal", "batch", "leave", "status", "mixed"]
-WORKLOADS: Final = ("signal", "batch", "leave", "status", "mixed")
+Workload = Literal["signal", "batch", "leave", "status", "mixed", "counts"]
+WORKLOADS: Final = ("signal", "batch", "leave", "status", "mixed", "counts")
 COUNTRIES: Final = ("DE", "FR", "US", "JP")
 
 
@@ -37,7 +37,7 @@ class BenchConfig:
     batch_size: int = 1_000
     users: int = 100_000
     left_fraction: float = 0.0
-    entities: int = 1_000
+    entities: int = 1_000  # signals and counts pick entities e0 .. e{entities-1}
     seed: int = 1
 
 
@@ -76,6 +76,8 @@ def _requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any
             out.append(["signal_batch", [[signal_params() for _ in range(cfg.batch_size)]]])
         elif cfg.workload == "status":
             out.append(["status", [rng.randrange(cfg.users)]])
+        elif cfg.workload == "counts":
+            out.append(["counts", [f"e{rng.randrange(cfg.entities)}"]])
         elif cfg.workload == "leave":
             out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
         else:  # mixed: 95% signal, 4% status, 1% leave or rejoin

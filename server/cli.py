@@ -99,12 +99,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", "-n", type=int, default=100_000, help="total (100000)")
     bench.add_argument(
         "--workload",
-        choices=("signal", "batch", "leave", "status", "mixed"),
+        choices=("signal", "batch", "leave", "status", "mixed", "counts"),
         default="signal",
         help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin (default signal)",
     )
     bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
     bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")
+    bench.add_argument("--entities", type=int, default=1000, help="distinct entities (1000)")
     bench.add_argument(
         "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
     )
@@ -172,6 +173,7 @@ def _bench(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         users=args.users,
         left_fraction=args.left_fraction,
+        entities=args.entities,
     )
     progress = bench.progress_bar if sys.stderr.isatty() and not args.json else None
     try:
