@@ -30,8 +30,8 @@ Slot: TypeAlias = tuple[int, int | str, str]
 Deltas: TypeAlias = dict[str, dict[Slot, list[Any]]]
 
 #: A checkpoint is due after this many signals or this many seconds, whichever first.
-CHECKPOINT_SIGNALS: Final = 50_000
-CHECKPOINT_SECONDS: Final = 1.0
+CHECKPOINT_SIGNALS: Final = 200_000
+CHECKPOINT_SECONDS: Final = 10.0
 
 
 def merge(into: Deltas, more: Deltas) -> None:

@@ -64,7 +64,7 @@ class Server:
             " %d ledger rows replayed past the aggregates checkpoint",
             config.db,
             time.perf_counter() - began,
-            len(snapshot.memberships),
+            len(snapshot.left) + len(snapshot.rejoined),
             len(snapshot.cohorts),
             snapshot.next_seq,
             len(snapshot.ledger_tail),

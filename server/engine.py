@@ -63,8 +63,7 @@ class Engine:
         self._storage = storage
         self._clock = clock
         self._connections = connections
-        self.members = Members()
-        self.members.load(snapshot.memberships)
+        self.members = Members.adopt(snapshot.left, snapshot.rejoined)
         self._cohorts: dict[str, Cohort] = {
             name: Cohort.build(cid, name, predicate) for cid, name, predicate in snapshot.cohorts
         }

@@ -7,7 +7,6 @@ exactly when they are a key of ``_left``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import NamedTuple, TypeAlias
 
 #: What a user's record was before a change, so a failed commit can put it back:
@@ -75,6 +74,9 @@ class Members:
         if prior is not None:
             (self._left if prior[0] else self._rejoined)[user_id] = prior[1]
 
-    def load(self, records: Iterable[tuple[int, bool, int]]) -> None:
-        for user_id, left, at in records:
-            (self._left if left else self._rejoined)[user_id] = at
+    @classmethod
+    def adopt(cls, left: dict[int, int], rejoined: dict[int, int]) -> Members:
+        """Take over the dicts loaded at boot (user_id -> left_at_ns)."""
+        members = cls()
+        members._left, members._rejoined = left, rejoined
+        return members

@@ -206,7 +206,11 @@ def signal_batch(params: list[Any]) -> list[SignalArgs]:
                 f"signals[{i}]: must be an array [user_id, entity, kind, weight?, context?],"
                 f" got {_describe(item)}"
             )
-        out.append(signal(item, f"signals[{i}]."))
+        try:
+            out.append(signal(item))
+        except InvalidParams:
+            signal(item, f"signals[{i}].")  # the same error again, now naming the item
+            raise
     return out
 
 

@@ -83,6 +83,12 @@ _UPSERT_MEMBERSHIP: Final = (
     "INSERT INTO memberships (user_id, left, left_at_ns) VALUES (?, ?, ?)"
     " ON CONFLICT DO UPDATE SET left = excluded.left, left_at_ns = excluded.left_at_ns"
 )
+_SELECT_MEMBERS: Final = (
+    "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id >= 0"
+)
+_SELECT_HIGH_MEMBERS: Final = (
+    "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id < 0"
+)
 _SET_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
@@ -110,7 +116,9 @@ class StorageFailure(Exception):
 class Snapshot:
     """What the server needs in memory before it accepts a connection."""
 
-    memberships: list[tuple[int, bool, int]]
+    #: users who have left, and users who left once and rejoined: user_id -> left_at_ns
+    left: dict[int, int]
+    rejoined: dict[int, int]
     cohorts: list[tuple[int, str, Any]]
     next_seq: int
     next_cohort_id: int
@@ -177,10 +185,13 @@ class Storage:
 
 
 def _load(db: sqlite3.Connection) -> Snapshot:
-    members = [
-        (from_db(uid), bool(left), at)
-        for uid, left, at in db.execute("SELECT user_id, left, left_at_ns FROM memberships")
-    ]
+    # Straight from the cursor into the dicts the gate uses, built in C; only ids
+    # of 2**63 and above (stored negative) take a turn through Python.
+    left: dict[int, int] = dict(db.execute(_SELECT_MEMBERS, (1,)))
+    rejoined: dict[int, int] = dict(db.execute(_SELECT_MEMBERS, (0,)))
+    for is_left, members in ((1, left), (0, rejoined)):
+        for uid, at in db.execute(_SELECT_HIGH_MEMBERS, (is_left,)):
+            members[from_db(uid)] = at
     cohorts = [
         (cid, name, msgpack.unpackb(blob, raw=False))
         for cid, name, blob in db.execute("SELECT id, name, predicate FROM cohorts ORDER BY id")
@@ -193,7 +204,8 @@ def _load(db: sqlite3.Connection) -> Snapshot:
         (watermark,),
     ).fetchall()
     return Snapshot(
-        members,
+        left,
+        rejoined,
         cohorts,
         int(max_seq) + 1,
         int(meta.get("next_cohort_id", 1)),

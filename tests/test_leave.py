@@ -69,11 +69,16 @@ async def test_state_survives_a_restart_of_the_server_process(process) -> None: 
         left = await c.leave(11)
         await c.leave(12)
         await c.rejoin(12)
+        top = [await c.leave(2**64 - 1), await c.leave(2**63)]  # stored as negative integers
+        await c.rejoin(2**63)
         await c.signal(13, "song", "like", attrs=DE, communities=["jazz"])
     assert await process.stop() == 0
     await process.start()
     async with await process.connect() as c:
         assert await c.status(11) == left
+        assert await c.status(2**64 - 1) == top[0]
+        high = await c.status(2**63)
+        assert (high.status, high.left_at_ns) == ("active", top[1].left_at_ns)
         twelve = await c.status(12)
         assert twelve.status == "active" and twelve.left_at_ns is not None
         assert await c.cohorts() == {"germany": DE}
