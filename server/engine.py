@@ -205,7 +205,7 @@ class Engine:
                 _bump(mine, (COHORT, cid, kind), weight)
             for name in communities:
                 _bump(mine, (COMMUNITY, name, kind), weight)
-            context = _pack((communities, attrs, cohorts)) if communities or cohorts else None
+            context = _pack((communities, attrs, cohorts)) if communities or attrs else None
             batch.forwarded += 1
         batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
         batch.signals += 1

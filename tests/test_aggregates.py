@@ -130,3 +130,20 @@ async def test_kill_9_between_checkpoints_replays_the_ledger(process: ServerProc
         await check(client, process.db)
         await load(client, process.db, rng, 100)
         await check(client, process.db)
+
+
+async def test_the_ledger_keeps_what_every_signal_named(client: Client, db_path: Path) -> None:
+    await client.signal(1, "e", "view", attrs={"plan": "pro"})  # forwarded, matched nothing
+    await client.leave(2)
+    await client.signal(2, "e", "view", attrs={"plan": "free"}, communities=["c"])  # gated
+    await client.signal(3, "e", "view")  # named nothing
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute(
+            "SELECT user_id, forwarded, context FROM ledger ORDER BY seq"
+        ).fetchall()
+    contexts = [(u, f, msgpack.unpackb(c) if c else None) for u, f, c in rows]
+    assert contexts == [
+        (1, 1, [[], {"plan": "pro"}, []]),
+        (2, 0, [["c"], {"plan": "free"}, []]),
+        (3, 1, None),
+    ]
