@@ -38,6 +38,7 @@ class BenchConfig:
     users: int = 100_000
     left_fraction: float = 0.0
     entities: int = 1_000  # signals and counts pick entities e0 .. e{entities-1}
+    token: str | None = None
     seed: int = 1
 
 
@@ -94,7 +95,14 @@ def _requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any
 class _Load(asyncio.Protocol):
     """One connection: ``pipeline`` slots, each with its own queue of encoded requests."""
 
-    def __init__(self, queues: list[list[bytes]], latencies: list[float], done: Callable[[], None]):
+    def __init__(
+        self,
+        queues: list[list[bytes]],
+        latencies: list[float],
+        done: Callable[[], None],
+        auth: bytes = b"",
+    ):
+        self.auth = auth  # an encoded auth request (msgid -1) to send first, if any
         self.queues = [list(reversed(q)) for q in queues]  # pop() from the end is O(1)
         self.sent_at = [0.0] * len(queues)
         self.latencies = latencies
@@ -117,7 +125,7 @@ class _Load(asyncio.Protocol):
                 self.sent_at[slot] = now
                 self.outstanding += 1
         if out:
-            self.transport.write(b"".join(out))
+            self.transport.write(self.auth + b"".join(out))
         else:
             self._done()
 
@@ -128,6 +136,10 @@ class _Load(asyncio.Protocol):
         queues, sent_at, latencies = self.queues, self.sent_at, self.latencies
         for message in self.unpacker:
             slot = message[1]
+            if slot == -1:  # the auth reply
+                if message[2] is not None:
+                    self.lost = ConnectionError(f"auth refused: {message[2]!r}")
+                continue
             latencies.append(now - sent_at[slot])
             self.answered += 1
             if message[2] is not None:
@@ -160,7 +172,7 @@ async def _setup(cfg: BenchConfig) -> None:
     """
     from .client import Client
 
-    async with await Client.connect(cfg.host, cfg.port, timeout=300) as client:
+    async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
         await client.define_cohort("bench-de", {"country": "DE"})
         left = int(cfg.users * cfg.left_fraction)
         for start in range(0, left, 1000):
@@ -197,13 +209,14 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
         if remaining == 0:
             finished.set()
 
+    auth = packer.pack([0, -1, "auth", [cfg.token]]) if cfg.token else b""
     for count in per_client:
         queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
         for i, (method, params) in enumerate(_requests(cfg, rng, count)):
             slot = i % cfg.pipeline
             queues[slot].append(packer.pack([0, slot, method, params]))
         _, conn = await loop.create_connection(
-            functools.partial(_Load, queues, latencies, one_done), cfg.host, cfg.port
+            functools.partial(_Load, queues, latencies, one_done, auth), cfg.host, cfg.port
         )
         conns.append(conn)
     began = time.perf_counter()

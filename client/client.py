@@ -103,8 +103,12 @@ class Client:
         port: int = 7411,
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
+        token: str | None = None,
     ) -> Client:
-        """Connect; ``timeout`` bounds the connect and is each call's default timeout."""
+        """Connect; ``timeout`` bounds the connect and is each call's default timeout.
+
+        With ``token``, the connection authenticates first (``Unauthorized`` if refused).
+        """
         loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
@@ -112,7 +116,14 @@ class Client:
             )
         except TimeoutError:
             raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
-        return cls(protocol, timeout)
+        client = cls(protocol, timeout)
+        if token is not None:
+            try:
+                await client.call("auth", token)
+            except BaseException:
+                await client.close()
+                raise
+        return client
 
     async def __aenter__(self) -> Client:
         return self

@@ -1,6 +1,6 @@
 """The tidal server: asyncio shell, engine, SQLite storage."""
 
-from .app import Server, run
+from .app import ProtectedMode, Server, run
 from .config import Config
 
-__all__ = ["Config", "Server", "run"]
+__all__ = ["Config", "ProtectedMode", "Server", "run"]

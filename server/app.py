@@ -8,6 +8,7 @@ and answer what was read, close the connections, close the database.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import socket
@@ -30,6 +31,7 @@ class Server:
         self._storage: Storage | None = None
         self._engine: Engine | None = None
         self._stopped = asyncio.Event()
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def engine(self) -> Engine:
@@ -45,6 +47,12 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
+        if not (config.token or config.insecure or _is_loopback(config.host)):
+            raise ProtectedMode(
+                f"refusing to listen on {config.host!r} without a token: anyone who can reach it"
+                " could change who has left. Set --token (or TIDAL_TOKEN), or pass --insecure"
+                " if the network in front of it is trusted."
+            )
         began = time.perf_counter()
         self._storage = await Storage.open(config.db, config.durability)
         try:
@@ -87,8 +95,20 @@ class Server:
         for sock in self._server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sweeper = loop.create_task(self._sweep_idle(), name="tidal-idle-sweeper")
         host, port = self.address
-        log.info("listening on %s:%d", host, port)
+        log.info("listening on %s:%d%s", host, port, "" if config.token else " (no token)")
+
+    async def _sweep_idle(self) -> None:
+        """Close connections that have nothing in flight and sent nothing for idle_timeout."""
+        timeout = self.config.idle_timeout
+        while True:
+            await asyncio.sleep(timeout / 4)  # a schedule, not a synchronisation
+            cutoff = time.monotonic() - timeout
+            for conn in list(self.connections):
+                if conn.last_active < cutoff and conn.inflight == 0:
+                    log.info("closing %s: idle for over %ss", conn.peer, timeout)
+                    conn.transport.close()
 
     async def shutdown(self) -> None:
         """Stop accepting and reading, commit and answer what was read, then close everything."""
@@ -96,6 +116,8 @@ class Server:
             return
         self._stopped.set()
         self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conn in list(self.connections):
             conn.drain()
         try:
@@ -116,6 +138,19 @@ class Server:
             await stop.wait()
         finally:
             await self.shutdown()
+
+
+class ProtectedMode(Exception):
+    """The server would listen beyond loopback with no token."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that might resolve anywhere
 
 
 def run(config: Config) -> None:

@@ -61,6 +61,30 @@ def _parser() -> argparse.ArgumentParser:
         " of the process, not of the machine (env TIDAL_DURABILITY; default full)",
     )
     serve.add_argument(
+        "--token",
+        default=os.environ.get("TIDAL_TOKEN"),
+        help="require auth(token) as each connection's first request (env TIDAL_TOKEN)",
+    )
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        default=_env("TIDAL_INSECURE", "") not in ("", "0"),
+        help="allow listening beyond loopback without a token (env TIDAL_INSECURE=1)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=_env("TIDAL_MAX_CONNECTIONS", "10000"),
+        help="connections past this are told so and closed (env TIDAL_MAX_CONNECTIONS; 10000)",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=_env("TIDAL_IDLE_TIMEOUT", "300"),
+        help="seconds before a silent connection with nothing in flight is closed"
+        " (env TIDAL_IDLE_TIMEOUT; 300)",
+    )
+    serve.add_argument(
         "--log-level",
         default=_env("TIDAL_LOG_LEVEL", "info"),
         choices=("debug", "info", "warning", "error"),
@@ -80,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
     )
     call.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    call.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
 
     bench = commands.add_parser(
         "bench",
@@ -110,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
     )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
     return parser
 
 
@@ -130,7 +156,23 @@ def _serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    run(Config(host=args.host, port=args.port, db=args.db, durability=args.durability))
+    from .app import ProtectedMode
+
+    config = Config(
+        host=args.host,
+        port=args.port,
+        db=args.db,
+        durability=args.durability,
+        token=args.token or None,
+        insecure=args.insecure,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+    )
+    try:
+        run(config)
+    except ProtectedMode as exc:
+        logging.getLogger("tidal.server").error("%s", exc)
+        return 2
     return 0
 
 
@@ -145,7 +187,9 @@ def _call(args: argparse.Namespace) -> int:
     from tidal.client import Client, ServerError, TidalError
 
     async def go() -> Any:
-        async with await Client.connect(args.host, args.port, timeout=args.timeout) as client:
+        async with await Client.connect(
+            args.host, args.port, timeout=args.timeout, token=args.token
+        ) as client:
             return await client.call(args.method, *[_arg(a) for a in args.args])
 
     try:
@@ -174,6 +218,7 @@ def _bench(args: argparse.Namespace) -> int:
         users=args.users,
         left_fraction=args.left_fraction,
         entities=args.entities,
+        token=args.token,
     )
     progress = bench.progress_bar if sys.stderr.isatty() and not args.json else None
     try:

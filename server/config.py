@@ -26,3 +26,21 @@ class Config:
     #: boot replays the ledger rows since the last checkpoint.
     checkpoint_signals: int = CHECKPOINT_SIGNALS
     checkpoint_seconds: float = CHECKPOINT_SECONDS
+    #: When set, a connection's first request must be ``auth(token)``.
+    token: str | None = None
+    #: Allow listening beyond loopback without a token (protected mode off).
+    insecure: bool = False
+    #: Connections past this many are told so and closed.
+    max_connections: int = 10_000
+    #: A connection with nothing in flight that sends no complete request for this
+    #: many seconds is closed.
+    idle_timeout: float = 300.0
+    #: A client whose unread replies pass this many bytes is disconnected.
+    max_output_buffer: int = 16 * 1024 * 1024
+
+    def __repr__(self) -> str:  # the token must never reach a log
+        fields = ", ".join(
+            f"{name}={'***' if name == 'token' and value else value!r}"
+            for name, value in ((f, getattr(self, f)) for f in self.__dataclass_fields__)
+        )
+        return f"Config({fields})"

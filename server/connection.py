@@ -8,7 +8,9 @@ leave in a single ``transport.write``.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import time
 from typing import Any, cast
 
 from tidal.protocol import (
@@ -58,23 +60,40 @@ class FlowControl:
         self._update()
 
 
+#: Before ``auth`` succeeds a connection may send this much, and fail this often.
+PREAUTH_BYTES = 1024
+AUTH_ATTEMPTS = 3
+
+
 class ServerConnection(asyncio.Protocol):
     def __init__(self, engine: Engine, config: Config, connections: set[ServerConnection]) -> None:
         self._engine = engine
+        self._config = config
         self._max_inflight = config.max_inflight
-        self._max_message_size = config.max_message_size
         self._connections = connections
         self._out: list[list[Any]] = []  # replies not yet written
+        self._token = config.token.encode() if config.token else None
+        self.authenticated = self._token is None
+        self._preauth_bytes = 0
+        self._auth_failures = 0
         self.inflight = 0
         self.closed = False
         self.draining = False
+        self.last_active = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = cast(asyncio.Transport, transport)
         self.peer = self.transport.get_extra_info("peername")
-        self.conn = Connection(max_message_size=self._max_message_size)
+        self.conn = Connection(max_message_size=self._config.max_message_size)
         self.flow = FlowControl(self.transport)
+        if len(self._connections) >= self._config.max_connections:
+            log.warning("refusing %s: %d connections open", self.peer, len(self._connections))
+            self.closed = True
+            note = [int(ErrorCode.UNAVAILABLE), "too many connections; try again later"]
+            self.transport.write(self.conn.send(Notification("error", note)))
+            self.transport.close()
+            return
         self._connections.add(self)
         log.debug("connection from %s", self.peer)
 
@@ -90,8 +109,14 @@ class ServerConnection(asyncio.Protocol):
         self.flow.blocked(False)
 
     def data_received(self, data: bytes) -> None:
-        if self.draining:
+        if self.draining or self.closed:
             return  # shutting down: what was not read before is not taken on
+        if not self.authenticated:
+            self._preauth_bytes += len(data)
+            if self._preauth_bytes > PREAUTH_BYTES:
+                log.warning("closing %s: over %d bytes before auth", self.peer, PREAUTH_BYTES)
+                self.transport.abort()
+                return
         engine = self._engine
         conn = self.conn
         try:
@@ -100,11 +125,17 @@ class ServerConnection(asyncio.Protocol):
                 event = conn.next_event()
                 if event is NEED_DATA:
                     break
+                self.last_active = time.monotonic()
                 if type(event) is Request:
                     self.inflight += 1
+                    if not self.authenticated or event.method == "auth":
+                        if not self._auth(event):
+                            break
+                        continue
                     engine.handle(self, event.msgid, event.method, event.params)
                 elif type(event) is Notification:
-                    engine.handle(self, None, event.method, event.params)
+                    if self.authenticated:
+                        engine.handle(self, None, event.method, event.params)
                 elif type(event) is BadRequest:
                     self.inflight += 1
                     self.reply_error(event.msgid, event.code, event.message)
@@ -114,6 +145,37 @@ class ServerConnection(asyncio.Protocol):
         self.flush()
         if self.inflight >= self._max_inflight:
             self.flow.busy(True)
+
+    def _auth(self, request: Request) -> bool:
+        """Answer a request made before ``auth`` succeeded, or ``auth`` itself.
+
+        False when the connection is being closed for too many failures.
+        """
+        if request.method != "auth":
+            self._auth_failed(request.msgid, "unauthorized: the first request must be auth(token)")
+        elif len(request.params) != 1 or not isinstance(request.params[0], str | bytes):
+            self._auth_failed(request.msgid, "auth takes 1 param (token), a string")
+        elif self._token is None:
+            self.reply(request.msgid, True)  # no token configured: auth is a no-op
+        else:
+            given = request.params[0]
+            given = given.encode("utf-8", "surrogateescape") if isinstance(given, str) else given
+            if hmac.compare_digest(given, self._token):
+                self.authenticated = True
+                self.reply(request.msgid, True)
+            else:
+                self._auth_failed(request.msgid, "unauthorized: wrong token")
+        if self._auth_failures >= AUTH_ATTEMPTS:
+            log.warning("closing %s after %d failed auth attempts", self.peer, AUTH_ATTEMPTS)
+            self.flush()
+            self.transport.close()
+            self.closed = True
+            return False
+        return True
+
+    def _auth_failed(self, msgid: int, message: str) -> None:
+        self._auth_failures += 1
+        self.reply_error(msgid, ErrorCode.UNAUTHORIZED, message)
 
     def _protocol_failure(self, exc: RemoteProtocolError) -> None:
         log.info("closing connection from %s: %s", self.peer, exc)
@@ -140,6 +202,10 @@ class ServerConnection(asyncio.Protocol):
         if self._out:
             if not self.closed:
                 self.transport.write(self._encode(self._out))
+                if self.transport.get_write_buffer_size() > self._config.max_output_buffer:
+                    log.warning("disconnecting %s: it does not read its replies", self.peer)
+                    self.closed = True
+                    self.transport.abort()
             self._out = []
         if self.inflight <= self._max_inflight // 2:
             self.flow.busy(False)

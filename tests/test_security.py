@@ -1,0 +1,237 @@
+"""Authentication, protected mode, and limits that keep one client from hurting others."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from tidal.client import Client, ConnectionLost, Unauthorized
+from tidal.protocol import ErrorCode
+from tidal.server import Config, ProtectedMode, Server
+
+from .conftest import ServerProcess
+from .rawrpc import RawPeer
+
+TOKEN = "s3cret-token-for-tests"
+
+
+async def started(db_path: Path, **settings: object) -> Server:
+    config = {"host": "127.0.0.1", "port": 0, "db": str(db_path), **settings}
+    server = Server(Config(**config))  # type: ignore[arg-type]
+    await server.start()
+    return server
+
+
+@pytest.fixture
+async def guarded(db_path: Path) -> AsyncIterator[Server]:
+    server = await started(db_path, token=TOKEN)
+    yield server
+    await server.shutdown()
+
+
+async def test_with_a_token_nothing_works_before_auth(guarded: Server) -> None:
+    peer = await RawPeer.open(guarded.address)
+    for msgid, method in enumerate(["ping", "leave"]):
+        reply = await peer.call(method, *([1] if method == "leave" else []), msgid=msgid)
+        assert reply[2][0] == ErrorCode.UNAUTHORIZED, reply
+    peer.send([2, "leave", [1]])  # a notification is dropped, not applied
+    assert await peer.call("auth", TOKEN, msgid=7) == [1, 7, None, True]
+    status = await peer.call("status", 1, msgid=8)
+    assert status[3]["status"] == "active"
+    peer.close()
+
+
+async def test_three_failures_close_the_connection(guarded: Server) -> None:
+    peer = await RawPeer.open(guarded.address)
+    for msgid, token in enumerate(["wrong", "also wrong"]):
+        reply = await peer.call("auth", token, msgid=msgid)
+        assert reply[2] == [ErrorCode.UNAUTHORIZED, "unauthorized: wrong token"]
+    reply = await peer.call("ping", msgid=3)
+    assert reply[2][0] == ErrorCode.UNAUTHORIZED
+    assert await peer.closed()
+    peer.close()
+
+
+async def test_more_than_1_kib_before_auth_closes(guarded: Server) -> None:
+    peer = await RawPeer.open(guarded.address)
+    peer.send([0, 1, "auth", ["x" * 2000]])
+    assert await peer.closed()
+    peer.close()
+
+
+async def test_the_client_authenticates_with_its_token(guarded: Server) -> None:
+    async with await Client.connect(*guarded.address, token=TOKEN) as client:
+        assert (await client.leave(5)).status == "left"
+    with pytest.raises(Unauthorized, match="wrong token"):
+        await Client.connect(*guarded.address, token="nope")
+
+
+async def test_protected_mode_refuses_open_addresses_without_a_token(db_path: Path) -> None:
+    with pytest.raises(ProtectedMode, match="--token"):
+        await started(db_path, host="0.0.0.0")
+    for settings in ({"token": TOKEN}, {"insecure": True}):
+        server = Server(Config(host="0.0.0.0", port=0, db=str(db_path), **settings))  # type: ignore[arg-type]
+        await server.start()
+        await server.shutdown()
+
+
+def test_the_cli_explains_protected_mode_and_exits_2(tmp_path: Path) -> None:
+    serve = ["serve", "--host", "0.0.0.0", "--port", "0", "--db", str(tmp_path / "t.db")]
+    done = subprocess.run(
+        [sys.executable, "-m", "tidal.server", *serve],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "refusing to listen on '0.0.0.0' without a token" in done.stderr
+
+
+async def test_the_token_never_reaches_the_log(db_path: Path) -> None:
+    proc = ServerProcess(db_path, "--token", TOKEN, "--log-level", "debug")
+    await proc.start()
+    async with await Client.connect("127.0.0.1", proc.port, token=TOKEN) as client:
+        await client.ping()
+    peer = await RawPeer.open(("127.0.0.1", proc.port))
+    await peer.call("auth", TOKEN + "-wrong")
+    peer.close()
+    await proc.stop()
+    log = b"".join(proc.log)
+    assert b"connection from" in log  # debug logging was on
+    assert TOKEN.encode() not in log
+
+
+async def test_connections_past_the_limit_are_told_and_closed(db_path: Path) -> None:
+    server = await started(db_path, max_connections=3)
+    try:
+        clients = [await Client.connect(*server.address) for _ in range(3)]
+        extra = await RawPeer.open(server.address)
+        assert await extra.receive() == [2, "error", [2, "too many connections; try again later"]]
+        assert await extra.closed()
+        extra.close()
+        for c in clients:
+            assert await c.ping() == "pong"
+            await c.close()
+    finally:
+        await server.shutdown()
+
+
+async def test_idle_connections_are_closed_busy_ones_are_not(db_path: Path) -> None:
+    server = await started(db_path, idle_timeout=0.4)
+    try:
+        silent = await RawPeer.open(server.address)
+        async with await Client.connect(*server.address) as busy:
+            began = time.monotonic()
+            closed = asyncio.create_task(silent.closed(timeout=10))
+            while not closed.done():
+                assert await busy.ping() == "pong"
+                await asyncio.sleep(0.05)  # the busy client's pace, not a synchronisation
+            assert await closed
+            assert time.monotonic() - began < 5
+            assert await busy.ping() == "pong"
+        silent.close()
+    finally:
+        await server.shutdown()
+
+
+async def test_a_client_that_never_reads_is_disconnected(db_path: Path) -> None:
+    server = await started(db_path, max_output_buffer=256 * 1024)
+    try:
+        reader, writer = await asyncio.open_connection(*server.address)
+        writer.transport.set_write_buffer_limits(high=1 << 30)
+        request = msgpack.packb([0, 1, "cohorts", []])
+        async with await Client.connect(*server.address) as honest:
+            await honest.define_cohort("c" * 100, {f"a{i}": "x" * 200 for i in range(20)})
+            lost = False
+            for _ in range(200):  # each reply is ~5 KiB; nobody reads them
+                try:
+                    writer.write(request * 100)
+                    await writer.drain()
+                except ConnectionError:
+                    lost = True
+                    break
+                if writer.transport.is_closing() or reader.at_eof():
+                    lost = True
+                    break
+                await asyncio.sleep(0)  # let the server run
+            assert lost or len(server.connections) == 1, "the non-reader was not disconnected"
+            assert await honest.ping() == "pong"
+        writer.close()
+    finally:
+        await server.shutdown()
+
+
+async def test_a_small_inflight_cap_pauses_reading_and_loses_nothing(db_path: Path) -> None:
+    server = await started(db_path, max_inflight=8)
+    try:
+        async with await Client.connect(*server.address) as client:
+            acks = await asyncio.gather(*(client.signal(i, "capped", "view") for i in range(2000)))
+            assert len({a.seq for a in acks}) == 2000
+            assert (await client.counts("capped")).ledger["view"].count == 2000
+    finally:
+        await server.shutdown()
+
+
+async def test_slowloris_does_not_hurt_an_honest_client(db_path: Path) -> None:
+    """1,000 connections dripping a request a few bytes a second: an honest client keeps
+    its latency, and the drippers, never completing a request, are closed as idle."""
+    proc = ServerProcess(db_path, "--idle-timeout", "3")
+    await proc.start()
+    try:
+        async with await proc.connect() as honest:
+
+            async def p99(n: int) -> float:
+                out = []
+                for i in range(n):
+                    began = time.perf_counter()
+                    await honest.signal(i, "e", "view")
+                    out.append(time.perf_counter() - began)
+                return statistics.quantiles(out, n=100)[98]
+
+            baseline = await p99(300)
+            drips = [await asyncio.open_connection("127.0.0.1", proc.port) for _ in range(1000)]
+            head = msgpack.packb([0, 1, "signal", [1, "e" * 200, "view"]])
+
+            async def drip() -> None:
+                for i in range(len(head)):
+                    for _, writer in drips:
+                        writer.write(head[i : i + 1])
+                    await asyncio.sleep(0.2)  # the attack's pace: 5 bytes a second each
+
+            dripping = asyncio.create_task(drip())
+            loaded = await p99(300)
+            closed = await asyncio.gather(
+                *(asyncio.wait_for(reader.read(), 30) for reader, _ in drips),
+                return_exceptions=True,
+            )
+            dripping.cancel()
+            for _, writer in drips:
+                writer.close()
+        async with await proc.connect() as later:  # the honest one went idle meanwhile
+            assert await later.ping() == "pong"
+        assert loaded <= max(2 * baseline, baseline + 0.005), (baseline, loaded)
+        assert all(c == b"" or isinstance(c, ConnectionError) for c in closed), closed[:3]
+    finally:
+        await proc.stop()
+
+
+async def test_pending_calls_fail_when_the_server_closes_an_idle_client(db_path: Path) -> None:
+    server = await started(db_path, idle_timeout=0.2)
+    try:
+        client = await Client.connect(*server.address)
+        lost = asyncio.get_running_loop().create_future()
+        client._protocol.closed.add_done_callback(lambda _: lost.set_result(None))
+        await asyncio.wait_for(lost, 10)
+        with pytest.raises(ConnectionLost):
+            await client.ping()
+    finally:
+        await server.shutdown()
