@@ -10,7 +10,7 @@ TIDAL_PORT ?= 7411
 TIDAL_DB   ?= ./tidal.db
 export TIDAL_HOST TIDAL_PORT TIDAL_DB
 
-.PHONY: run test lint pytest bench clean
+.PHONY: run test lint pytest bench crash clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -37,6 +37,10 @@ lint: $(STAMP)
 	ln -s ../../protocol .lint/tidal/protocol
 	ln -s ../../client .lint/tidal/client
 	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml -p tidal.protocol -p tidal.server -p tidal.client
+
+# The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
+crash: $(STAMP)
+	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s
 
 # Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
 # Installs Redis from Debian if missing (needs root and apt).

@@ -157,6 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     from .app import ProtectedMode
+    from .storage import CorruptDatabase
 
     config = Config(
         host=args.host,
@@ -170,8 +171,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         run(config)
-    except ProtectedMode as exc:
-        logging.getLogger("tidal.server").error("%s", exc)
+    except (ProtectedMode, CorruptDatabase) as exc:
+        logging.getLogger("tidal.server").critical("%s", exc)
         return 2
     return 0
 

@@ -112,6 +112,23 @@ class StorageFailure(Exception):
         self.transient = transient
 
 
+class CorruptDatabase(Exception):
+    """The database failed its check at boot; the server will not serve it."""
+
+
+_RECOVER = (
+    "tidal will not serve a damaged database. Restore the file (and its -wal) from a backup,"
+    " or keep what can be read with: sqlite3 DB '.recover' | sqlite3 NEW.db"
+)
+
+
+async def _check(db: aiosqlite.Connection, location: str) -> None:
+    """``PRAGMA quick_check`` before anything is read: a damaged file stops the boot."""
+    problems = [row[0] for row in await db.execute_fetchall("PRAGMA quick_check(5)")]
+    if problems != ["ok"]:
+        raise CorruptDatabase(f"{location} failed its integrity check: {problems}; {_RECOVER}")
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What the server needs in memory before it accepts a connection."""
@@ -155,7 +172,11 @@ class Storage:
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
+            await _check(db, location)
             await _migrate(db)
+        except sqlite3.DatabaseError as exc:
+            await db.close()
+            raise CorruptDatabase(f"{location}: {exc}; {_RECOVER}") from exc
         except BaseException:
             await db.close()
             raise

@@ -41,9 +41,10 @@ async def client(server: Server) -> AsyncIterator[Client]:
 class ServerProcess:
     """``tidal serve`` as a child process, so it can be killed for real."""
 
-    def __init__(self, db: Path, *extra: str) -> None:
+    def __init__(self, db: Path, *extra: str, launcher: list[str] | None = None) -> None:
         self.db = db
         self.extra = extra
+        self.launcher = launcher or [sys.executable, "-m", "tidal.server"]
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
         self.log: list[bytes] = []
@@ -52,9 +53,7 @@ class ServerProcess:
     async def start(self) -> ServerProcess:
         self.log = []
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tidal.server",
+            *self.launcher,
             "serve",
             "--port",
             "0",

@@ -1,0 +1,34 @@
+"""tidal with one promise broken on purpose: it acknowledges writes before committing them.
+
+Only the crash test runs it, to show that its checks catch a server that does
+this. It patches the storage layer of an otherwise ordinary ``tidal serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from tidal.server.aggregates import CountsRead
+from tidal.server.batch import Batch
+from tidal.server.cli import main
+from tidal.server.storage import Storage
+
+_commit = Storage.commit
+
+
+async def ack_first(self: Storage, batch: Batch) -> None:
+    early = [r for r in batch.replies if type(r[2]) is not CountsRead]
+    batch.replies = [r for r in batch.replies if type(r[2]) is CountsRead]
+    for conn, msgid, result in early:
+        conn.reply(msgid, result)
+    for conn in {r[0] for r in early}:
+        conn.flush()
+    await asyncio.sleep(0.005)  # the window a crash can fall into
+    await _commit(self, batch)
+
+
+Storage.commit = ack_first  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(main())
