@@ -94,12 +94,8 @@ async def check(process: ServerProcess, book: Ledger) -> list[str]:
             if got != status:
                 wrong.append(f"user {user}: acknowledged {status}, found {got}")
         with sqlite3.connect(f"file:{process.db}?mode=ro", uri=True) as db:
-            rows = dict(
-                (
-                    (seq, (user, entity))
-                    for seq, user, entity in db.execute("SELECT seq, user_id, entity FROM ledger")
-                )
-            )
+            query = "SELECT seq, user_id, entity FROM ledger"
+            rows = {seq: (user, entity) for seq, user, entity in db.execute(query)}
             names = dict(db.execute("SELECT id, name FROM cohorts").fetchall())
         for seq, row in book.acked.items():
             if rows.get(seq) != row:
