@@ -68,6 +68,7 @@ class ServerProcess:
         while True:
             line = await asyncio.wait_for(self.proc.stderr.readline(), 30)
             if not line:
+                await self.proc.wait()
                 raise AssertionError(
                     "tidal serve exited before listening:\n" + b"".join(self.log).decode()
                 )
