@@ -40,7 +40,7 @@ lint: $(STAMP)
 
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)
-	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s
+	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s --timeout 1800
 
 # Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
 # Installs Redis from Debian if missing (needs root and apt).
