@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import ssl as ssl_module
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Final, cast
@@ -104,15 +105,17 @@ class Client:
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
         token: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> Client:
         """Connect; ``timeout`` bounds the connect and is each call's default timeout.
 
         With ``token``, the connection authenticates first (``Unauthorized`` if refused).
+        With ``ssl`` (e.g. ``ssl.create_default_context(cafile=...)``), it speaks TLS.
         """
         loop = asyncio.get_running_loop()
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(_ClientProtocol, host, port), timeout
+                loop.create_connection(_ClientProtocol, host, port, ssl=ssl), timeout
             )
         except TimeoutError:
             raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None

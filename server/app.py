@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable
 
@@ -85,8 +86,14 @@ class Server:
             return ServerConnection(engine, config, self.connections)
 
         try:
+            tls = _tls(config)
             self._server = await loop.create_server(
-                factory, config.host, config.port, reuse_address=True
+                factory,
+                config.host,
+                config.port,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=10.0 if tls else None,
             )
         except BaseException:
             await engine.close()
@@ -97,7 +104,13 @@ class Server:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sweeper = loop.create_task(self._sweep_idle(), name="tidal-idle-sweeper")
         host, port = self.address
-        log.info("listening on %s:%d%s", host, port, "" if config.token else " (no token)")
+        log.info(
+            "listening on %s:%d%s%s",
+            host,
+            port,
+            " (TLS)" if config.tls_cert else "",
+            "" if config.token else " (no token)",
+        )
 
     async def _sweep_idle(self) -> None:
         """Close connections that have nothing in flight and sent nothing for idle_timeout."""
@@ -138,6 +151,16 @@ class Server:
             await stop.wait()
         finally:
             await self.shutdown()
+
+
+def _tls(config: Config) -> ssl.SSLContext | None:
+    if not (config.tls_cert or config.tls_key):
+        return None
+    if not (config.tls_cert and config.tls_key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
 
 
 class ProtectedMode(Exception):

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import ssl
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -66,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
         help="require auth(token) as each connection's first request (env TIDAL_TOKEN)",
     )
     serve.add_argument(
+        "--tls-cert",
+        default=os.environ.get("TIDAL_TLS_CERT"),
+        help="PEM certificate (chain): serve TLS only (env TIDAL_TLS_CERT)",
+    )
+    serve.add_argument(
+        "--tls-key", default=os.environ.get("TIDAL_TLS_KEY"), help="PEM key (env TIDAL_TLS_KEY)"
+    )
+    serve.add_argument(
         "--insecure",
         action="store_true",
         default=_env("TIDAL_INSECURE", "") not in ("", "0"),
@@ -105,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     call.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
+    call.add_argument(
+        "--tls-ca",
+        default=os.environ.get("TIDAL_TLS_CA"),
+        help="connect with TLS, trusting this CA file (env TIDAL_TLS_CA)",
+    )
+    call.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
 
     bench = commands.add_parser(
         "bench",
@@ -168,10 +183,12 @@ def _serve(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
+        tls_cert=args.tls_cert or None,
+        tls_key=args.tls_key or None,
     )
     try:
         run(config)
-    except (ProtectedMode, CorruptDatabase) as exc:
+    except (ProtectedMode, CorruptDatabase, ValueError, OSError) as exc:
         logging.getLogger("tidal.server").critical("%s", exc)
         return 2
     return 0
@@ -188,8 +205,9 @@ def _call(args: argparse.Namespace) -> int:
     from tidal.client import Client, ServerError, TidalError
 
     async def go() -> Any:
+        tls = ssl.create_default_context(cafile=args.tls_ca) if args.tls or args.tls_ca else None
         async with await Client.connect(
-            args.host, args.port, timeout=args.timeout, token=args.token
+            args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls
         ) as client:
             return await client.call(args.method, *[_arg(a) for a in args.args])
 

@@ -35,6 +35,9 @@ class Config:
     #: A connection with nothing in flight that sends no complete request for this
     #: many seconds is closed.
     idle_timeout: float = 300.0
+    #: PEM files: with both, the server speaks TLS only.
+    tls_cert: str | None = None
+    tls_key: str | None = None
     #: A client whose unread replies pass this many bytes is disconnected.
     max_output_buffer: int = 16 * 1024 * 1024
 
