@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -51,10 +52,8 @@ async def test_plain_text_to_a_tls_port_is_dropped_and_harms_nothing(
     # plain MessagePack-RPC pings; OpenSSL takes the first bytes for an SSLv2 record
     # header of 5,120 bytes, so send more than that before it can refuse them
     writer.write(b"\x94\x00\x01\xa4ping\x90" * 1000)
-    try:
+    with contextlib.suppress(ConnectionResetError):  # closed, or reset: either way
         assert await asyncio.wait_for(reader.read(), 10) == b""  # no reply in plain text
-    except ConnectionResetError:
-        pass
     writer.close()
     context = ssl.create_default_context()
     ca.configure_trust(context)
