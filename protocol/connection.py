@@ -93,7 +93,10 @@ class Connection:
             max_ext_len=max_message_size,
         )
         self._packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-        self._broken: RemoteProtocolError | None = None
+        # Why the stream broke, kept as data: a stored exception would hold, by its
+        # traceback, the frames that hold this object, and keep its buffers alive
+        # until a full garbage collection.
+        self._broken: tuple[str, ErrorCode, int | None] | None = None
         self._input: deque[bytes | memoryview] = deque()  # received, not yet given to msgpack
         self._fed = 0  # bytes given to msgpack since the stream began
         self._boundary = 0  # stream offset where the pending message starts
@@ -107,14 +110,14 @@ class Connection:
 
     def receive_data(self, data: bytes) -> None:
         if self._broken is not None:
-            raise self._broken
+            raise RemoteProtocolError(*self._broken)
         if data:
             self._input.append(data)
 
     def next_event(self) -> Event | _NeedData:
         """The next complete event, or ``NEED_DATA``; raises ``RemoteProtocolError``."""
         if self._broken is not None:
-            raise self._broken
+            raise RemoteProtocolError(*self._broken)
         while True:
             try:
                 obj = self._unpacker.unpack()
@@ -186,7 +189,8 @@ class Connection:
 
     def _break(self, error: RemoteProtocolError) -> RemoteProtocolError:
         """Remember the error: every later call raises it again."""
-        self._broken = error
+        self._broken = (str(error), error.code, error.msgid)
+        self._input.clear()
         return error
 
     def _classify(self, obj: object) -> Event:

@@ -6,12 +6,13 @@ import asyncio
 import random
 import signal
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from tidal.client import Client, ConnectionLost, Unavailable
+from tidal.client import Client, ConnectionLost, Signal, Unavailable
 from tidal.server import Config, Server
 from tidal.server.batch import Batch
 from tidal.server.storage import SCHEMA_VERSION, StorageFailure
@@ -166,22 +167,35 @@ async def test_kill_9_loses_no_acknowledged_write(process: ServerProcess) -> Non
         assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
 
 
-async def test_sigterm_answers_what_it_read_and_exits_0(process: ServerProcess) -> None:
+async def test_sigterm_under_load_answers_what_it_read_and_exits_0(
+    process: ServerProcess,
+) -> None:
     await process.start()
-    async with await process.connect() as c:
-        calls = [asyncio.ensure_future(c.signal(i, "term", "view")) for i in range(2000)]
-        await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
-        assert process.proc is not None
-        process.proc.send_signal(signal.SIGTERM)
-        results = await asyncio.gather(*calls, return_exceptions=True)
+    idle = await process.connect()
+    busy = [await process.connect() for _ in range(4)]
+    calls = [asyncio.ensure_future(c.signal(i, "term", "view")) for i in range(1000) for c in busy]
+    calls += [
+        asyncio.ensure_future(c.signal_batch([Signal(1, "term", "view")] * 500)) for c in busy
+    ]
+    await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+    assert process.proc is not None
+    process.proc.send_signal(signal.SIGTERM)
+    began = time.monotonic()
+    results = await asyncio.gather(*calls, return_exceptions=True)
     assert await process.wait() == 0, b"".join(process.log).decode()
+    assert time.monotonic() - began < 5
+    with pytest.raises(ConnectionLost):  # the server closed the idle client itself
+        await idle.ping()
+    for c in [idle, *busy]:
+        await c.close()
     acked = [r for r in results if not isinstance(r, BaseException)]
     lost = [r for r in results if isinstance(r, BaseException)]
     assert all(isinstance(e, ConnectionLost) for e in lost), lost[:3]
     assert acked
+    acked_signals = sum(len(r) if isinstance(r, list) else 1 for r in acked)
     await process.start()
     async with await process.connect() as c:
-        assert (await c.counts("term")).ledger["view"].count == len(acked)
+        assert (await c.counts("term")).ledger["view"].count == acked_signals
 
 
 async def test_schema_is_versioned(db_path: Path) -> None:
