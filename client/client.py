@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import ssl as ssl_module
-from collections.abc import Iterable
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Final, cast
 
@@ -27,6 +28,9 @@ from .errors import CallTimeout, ConnectionLost, from_wire
 from .types import Counts, Membership, Scalar, Signal, SignalAck, _context
 
 DEFAULT_TIMEOUT = 30.0
+#: After a dropped connection: this many tries, waiting 0.05 s, then twice as long each time.
+RECONNECT_ATTEMPTS = 7
+RECONNECT_FIRST_DELAY = 0.05
 
 
 class _Default(enum.Enum):
@@ -40,6 +44,7 @@ class _ClientProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.conn = Connection()
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.next_msgid = 0
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
         self.closed = asyncio.get_running_loop().create_future()
@@ -90,12 +95,27 @@ class _ClientProtocol(asyncio.Protocol):
 
 
 class Client:
-    """``async with await Client.connect(host, port) as client: await client.leave(42)``"""
+    """``async with await Client.connect(host, port) as client: await client.leave(42)``
 
-    def __init__(self, protocol: _ClientProtocol, timeout: float | None) -> None:
+    After a dropped connection, the next call reconnects (with backoff). Calls in
+    flight when it dropped fail with ``ConnectionLost``, except signals that carry
+    an idempotency key: those are sent again once reconnected, and the server
+    counts each key once.
+    """
+
+    def __init__(
+        self,
+        protocol: _ClientProtocol,
+        dial: Callable[[], Awaitable[_ClientProtocol]],
+        timeout: float | None,
+        auto_keys: bool,
+    ) -> None:
         self._protocol = protocol
+        self._dial = dial
         self._timeout = timeout
-        self._next_msgid = 0
+        self._auto_keys = auto_keys
+        self._closed = False
+        self._reconnecting = asyncio.Lock()
 
     @classmethod
     async def connect(
@@ -106,27 +126,33 @@ class Client:
         timeout: float | None = DEFAULT_TIMEOUT,
         token: str | None = None,
         ssl: ssl_module.SSLContext | None = None,
+        auto_keys: bool = False,
     ) -> Client:
         """Connect; ``timeout`` bounds the connect and is each call's default timeout.
 
         With ``token``, the connection authenticates first (``Unauthorized`` if refused).
         With ``ssl`` (e.g. ``ssl.create_default_context(cafile=...)``), it speaks TLS.
+        With ``auto_keys``, every signal gets an idempotency key, so that every signal
+        in flight when a connection drops is retried safely.
         """
-        loop = asyncio.get_running_loop()
-        try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(_ClientProtocol, host, port, ssl=ssl), timeout
-            )
-        except TimeoutError:
-            raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
-        client = cls(protocol, timeout)
-        if token is not None:
+
+        async def dial() -> _ClientProtocol:
+            loop = asyncio.get_running_loop()
             try:
-                await client.call("auth", token)
-            except BaseException:
-                await client.close()
-                raise
-        return client
+                _, protocol = await asyncio.wait_for(
+                    loop.create_connection(_ClientProtocol, host, port, ssl=ssl), timeout
+                )
+            except TimeoutError:
+                raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
+            if token is not None:
+                try:
+                    await _request(protocol, "auth", [token], timeout)
+                except BaseException:
+                    _close_transport(protocol)
+                    raise
+            return protocol
+
+        return cls(await dial(), dial, timeout, auto_keys)
 
     async def __aenter__(self) -> Client:
         return self
@@ -141,19 +167,41 @@ class Client:
 
     @property
     def is_closed(self) -> bool:
-        return self._protocol.lost is not None
+        return self._closed
 
     async def close(self, timeout: float = 5.0) -> None:
         """Close politely; if the server does not let go in ``timeout`` seconds, abort."""
-        transport = self._protocol.transport
-        if transport is None or self._protocol.closed.done():
+        self._closed = True
+        protocol = self._protocol
+        if protocol.transport is None or protocol.closed.done():
             return
-        transport.close()
+        protocol.transport.close()
         try:
-            await asyncio.wait_for(asyncio.shield(self._protocol.closed), timeout)
+            await asyncio.wait_for(asyncio.shield(protocol.closed), timeout)
         except TimeoutError:
-            transport.abort()
-            await self._protocol.closed
+            protocol.transport.abort()
+            await protocol.closed
+
+    async def _connection(self) -> _ClientProtocol:
+        """The live connection, reconnecting first if it dropped."""
+        protocol = self._protocol
+        if protocol.lost is None:
+            return protocol
+        if self._closed:
+            raise ConnectionLost("the client is closed")
+        async with self._reconnecting:  # concurrent callers share one reconnect
+            if self._protocol.lost is None:
+                return self._protocol
+            delay = RECONNECT_FIRST_DELAY
+            for _ in range(RECONNECT_ATTEMPTS):
+                try:
+                    self._protocol = await self._dial()
+                    return self._protocol
+                except (OSError, CallTimeout) as exc:
+                    failure: Exception = exc
+                await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
+                delay *= 2
+            raise ConnectionLost(f"could not reconnect: {failure}")
 
     async def call(
         self, method: str, *params: Any, timeout: float | _Default | None = DEFAULT
@@ -162,23 +210,21 @@ class Client:
 
         ``timeout`` defaults to the one given to ``connect``; None waits for ever.
         """
-        protocol = self._protocol
-        if protocol.lost is not None:
-            raise protocol.lost
-        assert protocol.transport is not None
-        msgid = self._next_msgid
-        self._next_msgid = (msgid + 1) & 0xFFFFFFFF
-        data = protocol.conn.send(Request(msgid, method, list(params)))
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        protocol.pending[msgid] = future
-        protocol.transport.write(data)
-        await protocol.drain()
+        protocol = await self._connection()
         limit = self._timeout if isinstance(timeout, _Default) else timeout
+        return await _request(protocol, method, list(params), limit)
+
+    async def _retried(self, method: str, params: list[Any]) -> Any:
+        """A call that is safe to repeat: after a dropped connection, once more."""
         try:
-            return await asyncio.wait_for(future, limit)
-        except TimeoutError:
-            protocol.pending.pop(msgid, None)
-            raise CallTimeout(f"{method}: no reply in {limit}s") from None
+            return await self.call(method, *params)
+        except ConnectionLost:
+            if self._closed:
+                raise
+            return await self.call(method, *params)
+
+    def _key(self, key: str | None) -> str | None:
+        return key if key is not None or not self._auto_keys else uuid.uuid4().hex
 
     # -- one method per RPC ----------------------------------------------
 
@@ -195,18 +241,29 @@ class Client:
         *,
         communities: Iterable[str] | None = None,
         attrs: dict[str, Scalar] | None = None,
+        key: str | None = None,
     ) -> SignalAck:
+        """``key`` (1..64 bytes) makes the signal idempotent: a repeat within the
+        server's window gets the first acknowledgement and is counted once."""
         params: list[Any] = [_user_id(user_id), entity, kind, weight]
-        context = _context(list(communities) if communities else None, attrs)
+        key = self._key(key)
+        context = _context(list(communities) if communities else None, attrs, key)
         if context:
             params.append(context)
-        return SignalAck.from_wire(await self.call("signal", *params))
+        if key is None:
+            return SignalAck.from_wire(await self.call("signal", *params))
+        return SignalAck.from_wire(await self._retried("signal", params))
 
     async def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
         items = []
+        keyed = True
         for item in signals:
             _user_id(item.user_id)
-            items.append(item.wire())
+            key = self._key(item.key)
+            keyed = keyed and key is not None
+            items.append(item._replace(key=key).wire())
+        if keyed:  # every item can be repeated safely, so the batch can
+            return [SignalAck.from_wire(a) for a in await self._retried("signal_batch", [items])]
         return [SignalAck.from_wire(a) for a in await self.call("signal_batch", items)]
 
     async def leave(self, user_id: int) -> Membership:
@@ -234,6 +291,31 @@ class Client:
     async def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = await self.call("stats")
         return result
+
+
+async def _request(
+    protocol: _ClientProtocol, method: str, params: list[Any], timeout: float | None
+) -> Any:
+    if protocol.lost is not None:
+        raise protocol.lost
+    assert protocol.transport is not None
+    msgid = protocol.next_msgid
+    protocol.next_msgid = (msgid + 1) & 0xFFFFFFFF
+    data = protocol.conn.send(Request(msgid, method, params))
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    protocol.pending[msgid] = future
+    protocol.transport.write(data)
+    await protocol.drain()
+    try:
+        return await asyncio.wait_for(future, timeout)
+    except TimeoutError:
+        protocol.pending.pop(msgid, None)
+        raise CallTimeout(f"{method}: no reply in {timeout}s") from None
+
+
+def _close_transport(protocol: _ClientProtocol) -> None:
+    if protocol.transport is not None:
+        protocol.transport.close()
 
 
 def _user_id(value: int) -> int:

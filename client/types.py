@@ -71,21 +71,26 @@ class Signal(NamedTuple):
     weight: float = 1.0
     communities: tuple[str, ...] | list[str] = ()
     attrs: dict[str, Scalar] | None = None
+    key: str | None = None  # idempotency key (context "id")
 
     def wire(self) -> list[Any]:
         item: list[Any] = [self.user_id, self.entity, self.kind, self.weight]
-        context = _context(self.communities, self.attrs)
+        context = _context(self.communities, self.attrs, self.key)
         if context:
             item.append(context)
         return item
 
 
 def _context(
-    communities: tuple[str, ...] | list[str] | None, attrs: dict[str, Scalar] | None
+    communities: tuple[str, ...] | list[str] | None,
+    attrs: dict[str, Scalar] | None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     context: dict[str, Any] = {}
     if communities:
         context["communities"] = list(communities)
     if attrs:
         context["attrs"] = attrs
+    if key is not None:
+        context["id"] = key
     return context

@@ -12,3 +12,4 @@ MAX_ATTRS: Final = 64
 MAX_PREDICATE_VALUES: Final = 256
 MAX_BATCH: Final = 10_000
 MAX_COHORTS: Final = 1_000  # every forwarded signal is matched against each one
+KEY_MAX_BYTES: Final = 64  # a signal's idempotency key, context "id"

@@ -57,13 +57,18 @@ class Server:
         began = time.perf_counter()
         self._storage = await Storage.open(config.db, config.durability)
         try:
-            snapshot = await self._storage.load()
+            window_ns = int(config.idempotency_window * 1e9)
+            snapshot = await self._storage.load(
+                time.time_ns() - window_ns, config.idempotency_max_keys
+            )
             engine = Engine(
                 self._storage,
                 snapshot,
                 connections=lambda: len(self.connections),
                 checkpoint_signals=config.checkpoint_signals,
                 checkpoint_seconds=config.checkpoint_seconds,
+                key_window_ns=window_ns,
+                max_keys=config.idempotency_max_keys,
             )
         except BaseException:
             await self._storage.close()

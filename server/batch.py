@@ -17,7 +17,8 @@ from .members import Prior
 
 #: seq, user_id (signed), entity, kind, weight, ts_ns, forwarded, context
 LedgerRow: TypeAlias = tuple[int, int, str, str, float, int, bool, bytes | None]
-#: Undo records, applied in reverse: ("member", user_id, prior) or ("cohort", name, old cohort)
+#: Undo records, applied in reverse: ("member", user_id, prior), ("cohort", name, old cohort)
+#: or ("key", idempotency key, what it mapped to before)
 Undo: TypeAlias = tuple[str, Any, Any]
 
 
@@ -42,6 +43,8 @@ class Batch:
     next_cohort_id: int | None = None
     checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
     checkpoint_seq: int = 0
+    keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
+    forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     replies: list[tuple[Replier, int, Any]] = field(default_factory=list)
     undo: list[Undo] = field(default_factory=list)
     writes: int = 0

@@ -38,6 +38,10 @@ class Config:
     #: PEM files: with both, the server speaks TLS only.
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: A signal repeating an idempotency key seen this many seconds ago or less is
+    #: answered with the first one's acknowledgement; so are only the newest keys.
+    idempotency_window: float = 24 * 3600.0
+    idempotency_max_keys: int = 1_000_000
     #: A client whose unread replies pass this many bytes is disconnected.
     max_output_buffer: int = 16 * 1024 * 1024
 

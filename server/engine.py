@@ -59,6 +59,8 @@ class Engine:
         connections: Callable[[], int] = lambda: 0,
         checkpoint_signals: int = CHECKPOINT_SIGNALS,
         checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        key_window_ns: int = 24 * 3600 * 10**9,
+        max_keys: int = 1_000_000,
     ) -> None:
         self._storage = storage
         self._clock = clock
@@ -74,6 +76,11 @@ class Engine:
             snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
         self.aggregates.replay(snapshot.ledger_tail)
+        #: idempotency key -> (seq, forwarded, ts_ns) of the signal that first used it,
+        #: oldest first; bounded by the window and by ``max_keys``
+        self._keys = snapshot.keys
+        self._key_window_ns = key_window_ns
+        self._max_keys = max_keys
         self._open = Batch(self._next_seq)
         self._inflight: Batch | None = None
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
@@ -188,7 +195,11 @@ class Engine:
         signal named and what it was forwarded to, so the ledger alone rebuilds
         the aggregates.
         """
-        user_id, entity, kind, weight, communities, attrs = s
+        user_id, entity, kind, weight, communities, attrs, key = s
+        if key is not None:
+            seen = self._keys.get(key)
+            if seen is not None and seen[2] >= now_ns - self._key_window_ns:
+                return {"seq": seen[0], "forwarded": seen[1]}  # a retry: counted once
         seq = self._next_seq
         self._next_seq = seq + 1
         mine = batch.deltas.get(entity)
@@ -208,9 +219,30 @@ class Engine:
             context = _pack((communities, attrs, cohorts)) if communities or attrs else None
             batch.forwarded += 1
         batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
+        if key is not None:
+            self._remember_key(batch, key, (seq, forwarded, now_ns))
         batch.signals += 1
         batch.writes += 1
         return {"seq": seq, "forwarded": forwarded}
+
+    def _remember_key(self, batch: Batch, key: str, ack: tuple[int, bool, int]) -> None:
+        keys = self._keys
+        batch.undo.append(("key", key, keys.pop(key, None)))
+        keys[key] = ack  # at the end: the dict stays oldest first
+        batch.keys.append((key, *ack))
+        if len(keys) > self._max_keys:
+            del keys[next(iter(keys))]
+
+    def _forget_old_keys(self, batch: Batch) -> None:
+        """Drop keys past the window, from memory now and from the table with ``batch``."""
+        cutoff = self._clock() - self._key_window_ns
+        keys = self._keys
+        while keys:
+            oldest = next(iter(keys))
+            if keys[oldest][2] >= cutoff:
+                break
+            del keys[oldest]
+        batch.forget_keys_before = cutoff
 
     def _leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "leave", "user_id", 1, 1)
@@ -339,6 +371,7 @@ class Engine:
                 # everything before this batch has committed: the live deltas run to here
                 batch.checkpoint_seq = batch.first_seq - 1
                 batch.checkpoint = self.aggregates.begin_checkpoint(batch.checkpoint_seq)
+                self._forget_old_keys(batch)
             self._open = Batch(self._next_seq)
             self._inflight = batch
             try:
@@ -385,6 +418,10 @@ class Engine:
             for what, key, prior in reversed(failed.undo):
                 if what == "member":
                     self.members.restore(key, prior)
+                elif what == "key":
+                    self._keys.pop(key, None)
+                    if prior is not None:
+                        self._keys[key] = prior
                 else:
                     self._put_cohort(key, prior)
         self._next_seq = batch.first_seq

@@ -13,6 +13,7 @@ from typing import Any, Final, NamedTuple, TypeAlias
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
     ENTITY_MAX_BYTES,
+    KEY_MAX_BYTES,
     KIND_MAX_BYTES,
     MAX_ATTRS,
     MAX_BATCH,
@@ -39,6 +40,7 @@ class SignalArgs(NamedTuple):
     weight: float
     communities: tuple[str, ...]
     attrs: dict[str, Scalar]
+    key: str | None  # the caller's idempotency key, context "id"
 
 
 def arity(params: list[Any], method: str, names: str, least: int, most: int) -> None:
@@ -118,36 +120,39 @@ def signal(params: list[Any], where: str = "") -> SignalArgs:
     if type(kind) is not str or not kind.isascii() or not 0 < len(kind) <= KIND_MAX_BYTES:
         kind = text(kind, f"{where}kind", KIND_MAX_BYTES)
     if len(params) == 3:
-        return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS))
+        return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS, None))
     w = params[3]
     if type(w) is not float or not math.isfinite(w):
         w = weight(w, f"{where}weight")
     if len(params) == 4 or params[4] is None:
-        return new_tuple(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS))
-    communities, attrs = _context(params[4], f"{where}context")
-    return new_tuple(SignalArgs, (uid, entity, kind, w, communities, attrs))
+        return new_tuple(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS, None))
+    communities, attrs, key = _context(params[4], f"{where}context")
+    return new_tuple(SignalArgs, (uid, entity, kind, w, communities, attrs, key))
 
 
 _SIGNAL_PARAMS: Final = "user_id, entity, kind, weight=1.0, context={}"
 _NO_ATTRS: Final[dict[str, Scalar]] = {}
 
 
-def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scalar]]:
+def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scalar], str | None]:
     if type(value) is not dict:
         raise InvalidParams(f"{where}: must be a map, got {_describe(value)}")
     communities: tuple[str, ...] = ()
     attrs: dict[str, Scalar] = _NO_ATTRS
+    idempotency_key = None
     for raw_key, item in value.items():
         key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
         if key == "communities":
             communities = _communities(item, f"{where}.communities")
         elif key == "attrs":
             attrs = _attrs(item, f"{where}.attrs")
+        elif key == "id":
+            idempotency_key = text(item, f"{where}.id", KEY_MAX_BYTES)
         else:
             raise InvalidParams(
-                f"{where}: unknown key {key!r}; the keys are 'communities' and 'attrs'"
+                f"{where}: unknown key {key!r}; the keys are 'communities', 'attrs' and 'id'"
             )
-    return communities, attrs
+    return communities, attrs, idempotency_key
 
 
 def _communities(value: object, where: str) -> tuple[str, ...]:

@@ -65,6 +65,16 @@ MIGRATIONS: Final[list[list[str]]] = [
         )""",
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
     ],
+    [
+        # idempotency keys of signals (context "id"), kept for the retention window
+        """CREATE TABLE signal_keys (
+            key TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            forwarded INTEGER NOT NULL,
+            ts_ns INTEGER NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
@@ -88,6 +98,9 @@ _SELECT_MEMBERS: Final = (
 )
 _SELECT_HIGH_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id < 0"
+)
+_UPSERT_KEY: Final = (
+    "INSERT OR REPLACE INTO signal_keys (key, seq, forwarded, ts_ns) VALUES (?, ?, ?, ?)"
 )
 _SET_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 _UPSERT_COHORT: Final = (
@@ -142,6 +155,8 @@ class Snapshot:
     #: the aggregates table holds every signal up to this seq; later ledger rows follow
     watermark: int
     ledger_tail: list[tuple[str, str, float, int, bytes | None]]
+    #: idempotency key -> (seq, forwarded, ts_ns), oldest first
+    keys: dict[str, tuple[int, bool, int]]
 
 
 class _Connection(aiosqlite.Connection):
@@ -182,8 +197,8 @@ class Storage:
             raise
         return cls(db, location)
 
-    async def load(self) -> Snapshot:
-        return await self._db.run(_load)
+    async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
+        return await self._db.run(lambda db: _load(db, keys_since_ns, max_keys))
 
     async def commit(self, batch: Batch) -> None:
         """The batch's reads, then its writes in one transaction: one call on the thread.
@@ -205,7 +220,7 @@ class Storage:
         await self._db.close()
 
 
-def _load(db: sqlite3.Connection) -> Snapshot:
+def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot:
     # Straight from the cursor into the dicts the gate uses, built in C; only ids
     # of 2**63 and above (stored negative) take a turn through Python.
     left: dict[int, int] = dict(db.execute(_SELECT_MEMBERS, (1,)))
@@ -224,6 +239,12 @@ def _load(db: sqlite3.Connection) -> Snapshot:
         "SELECT entity, kind, weight, forwarded, context FROM ledger WHERE seq > ? ORDER BY seq",
         (watermark,),
     ).fetchall()
+    newest_keys = db.execute(
+        "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
+        " ORDER BY ts_ns DESC LIMIT ?",
+        (keys_since_ns, max_keys),
+    ).fetchall()
+    keys = {key: (seq, bool(fwd), ts) for key, seq, fwd, ts in reversed(newest_keys)}
     return Snapshot(
         left,
         rejoined,
@@ -232,6 +253,7 @@ def _load(db: sqlite3.Connection) -> Snapshot:
         int(meta.get("next_cohort_id", 1)),
         watermark,
         tail,
+        keys,
     )
 
 
@@ -253,6 +275,10 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
             )
         if batch.cohorts:
             _write_cohorts(db, batch)
+        if batch.keys:
+            db.executemany(_UPSERT_KEY, batch.keys)
+        if batch.forget_keys_before is not None:
+            db.execute("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
         if batch.checkpoint is not None:
             db.executemany(
                 _UPSERT_AGGREGATE,

@@ -224,14 +224,19 @@ async def test_slowloris_does_not_hurt_an_honest_client(db_path: Path) -> None:
         await proc.stop()
 
 
-async def test_pending_calls_fail_when_the_server_closes_an_idle_client(db_path: Path) -> None:
+async def test_after_the_server_closes_an_idle_client_the_next_call_reconnects(
+    db_path: Path,
+) -> None:
     server = await started(db_path, idle_timeout=0.2)
     try:
         client = await Client.connect(*server.address)
         lost = asyncio.get_running_loop().create_future()
         client._protocol.closed.add_done_callback(lambda _: lost.set_result(None))
         await asyncio.wait_for(lost, 10)
-        with pytest.raises(ConnectionLost):
+        assert await client.ping() == "pong"
+        assert (await client.leave(3)).status == "left"
+        await client.close()
+        with pytest.raises(ConnectionLost, match="closed"):  # closed by us: no reconnect
             await client.ping()
     finally:
         await server.shutdown()
