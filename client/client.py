@@ -109,11 +109,13 @@ class Client:
         dial: Callable[[], Awaitable[_ClientProtocol]],
         timeout: float | None,
         auto_keys: bool,
+        reconnect: int,
     ) -> None:
         self._protocol = protocol
         self._dial = dial
         self._timeout = timeout
         self._auto_keys = auto_keys
+        self._reconnect_attempts = reconnect
         self._closed = False
         self._reconnecting = asyncio.Lock()
 
@@ -127,13 +129,15 @@ class Client:
         token: str | None = None,
         ssl: ssl_module.SSLContext | None = None,
         auto_keys: bool = False,
+        reconnect: int = RECONNECT_ATTEMPTS,
     ) -> Client:
         """Connect; ``timeout`` bounds the connect and is each call's default timeout.
 
         With ``token``, the connection authenticates first (``Unauthorized`` if refused).
         With ``ssl`` (e.g. ``ssl.create_default_context(cafile=...)``), it speaks TLS.
         With ``auto_keys``, every signal gets an idempotency key, so that every signal
-        in flight when a connection drops is retried safely.
+        in flight when a connection drops is retried safely. ``reconnect`` is how many
+        times a call tries to reconnect (0.05 s apart, doubling) before ``ConnectionLost``.
         """
 
         async def dial() -> _ClientProtocol:
@@ -152,7 +156,7 @@ class Client:
                     raise
             return protocol
 
-        return cls(await dial(), dial, timeout, auto_keys)
+        return cls(await dial(), dial, timeout, auto_keys, reconnect)
 
     async def __aenter__(self) -> Client:
         return self
@@ -167,7 +171,13 @@ class Client:
 
     @property
     def is_closed(self) -> bool:
+        """Closed by ``close()``: calls raise ``ConnectionLost`` and do not reconnect."""
         return self._closed
+
+    @property
+    def is_connected(self) -> bool:
+        """The connection is up now (the next call would reconnect otherwise)."""
+        return self._protocol.lost is None
 
     async def close(self, timeout: float = 5.0) -> None:
         """Close politely; if the server does not let go in ``timeout`` seconds, abort."""
@@ -193,12 +203,13 @@ class Client:
             if self._protocol.lost is None:
                 return self._protocol
             delay = RECONNECT_FIRST_DELAY
-            for _ in range(RECONNECT_ATTEMPTS):
+            failure: Exception = ConnectionLost("no reconnect attempts allowed")
+            for _ in range(self._reconnect_attempts):
                 try:
                     self._protocol = await self._dial()
                     return self._protocol
                 except (OSError, CallTimeout) as exc:
-                    failure: Exception = exc
+                    failure = exc
                 await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
                 delay *= 2
             raise ConnectionLost(f"could not reconnect: {failure}")

@@ -83,7 +83,7 @@ def await_tally(count: int, weight: float) -> object:
 
 async def test_pending_calls_fail_with_connection_lost(process: ServerProcess) -> None:
     await process.start()
-    c = await process.connect()
+    c = await Client.connect("127.0.0.1", process.port, reconnect=2)
     batch = [Signal(i, "e", "view") for i in range(10_000)]
     calls = [asyncio.ensure_future(c.signal_batch(batch)) for _ in range(30)]
     await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
@@ -91,7 +91,7 @@ async def test_pending_calls_fail_with_connection_lost(process: ServerProcess) -
     results = await asyncio.gather(*calls, return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     assert errors and all(isinstance(e, ConnectionLost) for e in errors)
-    with pytest.raises(ConnectionLost):
+    with pytest.raises(ConnectionLost, match="could not reconnect"):  # the server is gone
         await c.ping()
     await c.close()
 

@@ -184,8 +184,7 @@ async def test_sigterm_under_load_answers_what_it_read_and_exits_0(
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert await process.wait() == 0, b"".join(process.log).decode()
     assert time.monotonic() - began < 5
-    with pytest.raises(ConnectionLost):  # the server closed the idle client itself
-        await idle.ping()
+    assert not idle.is_connected  # the server closed the idle client itself
     for c in [idle, *busy]:
         await c.close()
     acked = [r for r in results if not isinstance(r, BaseException)]
