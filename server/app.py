@@ -48,6 +48,7 @@ class Server:
 
     async def start(self) -> None:
         config = self.config
+        config.check()
         if not (config.token or config.insecure or _is_loopback(config.host)):
             raise ProtectedMode(
                 f"refusing to listen on {config.host!r} without a token: anyone who can reach it"

@@ -94,6 +94,27 @@ def _parser() -> argparse.ArgumentParser:
         " (env TIDAL_IDLE_TIMEOUT; 300)",
     )
     serve.add_argument(
+        "--max-inflight",
+        type=int,
+        default=_env("TIDAL_MAX_INFLIGHT", "4096"),
+        help="requests read but unanswered per connection before reading pauses"
+        " (env TIDAL_MAX_INFLIGHT; 4096)",
+    )
+    serve.add_argument(
+        "--max-message-size",
+        type=int,
+        default=_env("TIDAL_MAX_MESSAGE_SIZE", str(8 * 1024 * 1024)),
+        help="bytes; a larger message gets error 3 and its connection is closed"
+        " (env TIDAL_MAX_MESSAGE_SIZE; 8388608)",
+    )
+    serve.add_argument(
+        "--max-output-buffer",
+        type=int,
+        default=_env("TIDAL_MAX_OUTPUT_BUFFER", str(16 * 1024 * 1024)),
+        help="bytes of unread replies before a client is disconnected"
+        " (env TIDAL_MAX_OUTPUT_BUFFER; 16777216)",
+    )
+    serve.add_argument(
         "--log-level",
         default=_env("TIDAL_LOG_LEVEL", "info"),
         choices=("debug", "info", "warning", "error"),
@@ -183,6 +204,9 @@ def _serve(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
+        max_inflight=args.max_inflight,
+        max_message_size=args.max_message_size,
+        max_output_buffer=args.max_output_buffer,
         tls_cert=args.tls_cert or None,
         tls_key=args.tls_key or None,
     )

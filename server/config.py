@@ -45,6 +45,23 @@ class Config:
     #: A client whose unread replies pass this many bytes is disconnected.
     max_output_buffer: int = 16 * 1024 * 1024
 
+    def check(self) -> None:
+        """Refuse settings that could only fail later, on some connection."""
+        rules = [
+            (self.max_message_size >= 1024, "max_message_size: at least 1024 bytes"),
+            (self.max_inflight >= 1, "max_inflight: at least 1"),
+            (self.max_connections >= 1, "max_connections: at least 1"),
+            (self.max_output_buffer >= 64 * 1024, "max_output_buffer: at least 65536 bytes"),
+            (self.idle_timeout > 0, "idle_timeout: more than 0 seconds"),
+            (self.idempotency_window >= 0, "idempotency_window: 0 seconds or more"),
+            (self.idempotency_max_keys >= 0, "idempotency_max_keys: 0 or more"),
+            (self.checkpoint_signals >= 1, "checkpoint_signals: at least 1"),
+            (self.durability in ("full", "normal"), "durability: 'full' or 'normal'"),
+        ]
+        broken = [rule for ok, rule in rules if not ok]
+        if broken:
+            raise ValueError("invalid settings: " + "; ".join(broken))
+
     def __repr__(self) -> str:  # the token must never reach a log
         fields = ", ".join(
             f"{name}={'***' if name == 'token' and value else value!r}"

@@ -240,3 +240,17 @@ async def test_after_the_server_closes_an_idle_client_the_next_call_reconnects(
             await client.ping()
     finally:
         await server.shutdown()
+
+
+def test_settings_that_cannot_work_stop_the_start(tmp_path: Path) -> None:
+    serve = ["serve", "--port", "0", "--db", str(tmp_path / "t.db")]
+    bad = ["--max-message-size", "10", "--idle-timeout", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tidal.server", *serve, *bad],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "max_message_size: at least 1024 bytes; idle_timeout: more than 0" in done.stderr
