@@ -31,6 +31,8 @@ DEFAULT_TIMEOUT = 30.0
 #: After a dropped connection: this many tries, waiting 0.05 s, then twice as long each time.
 RECONNECT_ATTEMPTS = 7
 RECONNECT_FIRST_DELAY = 0.05
+#: How many times a call that is safe to repeat (a keyed signal) is sent in all.
+RETRIES = 4
 
 
 class _Default(enum.Enum):
@@ -226,13 +228,15 @@ class Client:
         return await _request(protocol, method, list(params), limit)
 
     async def _retried(self, method: str, params: list[Any]) -> Any:
-        """A call that is safe to repeat: after a dropped connection, once more."""
-        try:
-            return await self.call(method, *params)
-        except ConnectionLost:
-            if self._closed:
-                raise
-            return await self.call(method, *params)
+        """A call that is safe to repeat: after a dropped connection, again (a few times:
+        a reconnect can land on a server that is still going down, and be reset)."""
+        for attempt in range(RETRIES):
+            try:
+                return await self.call(method, *params)
+            except ConnectionLost:
+                if self._closed or attempt == RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _key(self, key: str | None) -> str | None:
         return key if key is not None or not self._auto_keys else uuid.uuid4().hex

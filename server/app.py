@@ -15,10 +15,14 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import start_http_server
 
 from .config import Config
 from .connection import ServerConnection
 from .engine import Engine
+from .metrics import Metrics
 from .storage import Storage
 
 log = logging.getLogger("tidal.server")
@@ -33,6 +37,8 @@ class Server:
         self._engine: Engine | None = None
         self._stopped = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
+        self.metrics: Metrics | None = None
+        self._metrics_server: Any = None
 
     @property
     def engine(self) -> Engine:
@@ -62,9 +68,11 @@ class Server:
             snapshot = await self._storage.load(
                 time.time_ns() - window_ns, config.idempotency_max_keys
             )
+            self.metrics = Metrics() if config.metrics_port is not None else None
             engine = Engine(
                 self._storage,
                 snapshot,
+                metrics=self.metrics,
                 connections=lambda: len(self.connections),
                 checkpoint_signals=config.checkpoint_signals,
                 checkpoint_seconds=config.checkpoint_seconds,
@@ -109,6 +117,8 @@ class Server:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sweeper = loop.create_task(self._sweep_idle(), name="tidal-idle-sweeper")
+        if self.metrics is not None:
+            self._serve_metrics(engine, self.metrics)
         host, port = self.address
         log.info(
             "listening on %s:%d%s%s",
@@ -117,6 +127,23 @@ class Server:
             " (TLS)" if config.tls_cert else "",
             "" if config.token else " (no token)",
         )
+
+    def _serve_metrics(self, engine: Engine, metrics: Metrics) -> None:
+        """prometheus-client's HTTP server, on its own thread: scrapes never wait on the loop."""
+        assert self.config.metrics_port is not None
+        metrics.signals = lambda: (engine.signals, engine.forwarded)
+        metrics.gauges = lambda: (len(self.connections), len(engine.members))
+        server, _thread = start_http_server(
+            self.config.metrics_port, self.config.host, registry=metrics.registry()
+        )
+        self._metrics_server = server
+        log.info("metrics on http://%s:%d/metrics", self.config.host, server.server_port)
+
+    @property
+    def metrics_port(self) -> int:
+        assert self._metrics_server is not None, "metrics are off"
+        port: int = self._metrics_server.server_port
+        return port
 
     async def _sweep_idle(self) -> None:
         """Close connections that have nothing in flight and sent nothing for idle_timeout."""
@@ -137,6 +164,9 @@ class Server:
         self._server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         for conn in list(self.connections):
             conn.drain()
         try:

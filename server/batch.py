@@ -50,6 +50,8 @@ class Batch:
     writes: int = 0
     signals: int = 0
     forwarded: int = 0
+    leaves: int = 0
+    rejoins: int = 0
 
     def member(self, user_id: int, prior: Prior, left: bool, left_at_ns: int) -> None:
         self.undo.append(("member", user_id, prior))

@@ -115,10 +115,23 @@ def _parser() -> argparse.ArgumentParser:
         " (env TIDAL_MAX_OUTPUT_BUFFER; 16777216)",
     )
     serve.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=os.environ.get("TIDAL_METRICS_PORT"),
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (env TIDAL_METRICS_PORT;"
+        " default off)",
+    )
+    serve.add_argument(
         "--log-level",
         default=_env("TIDAL_LOG_LEVEL", "info"),
         choices=("debug", "info", "warning", "error"),
         help="(env TIDAL_LOG_LEVEL; default info)",
+    )
+    serve.add_argument(
+        "--log-format",
+        default=_env("TIDAL_LOG_FORMAT", "text"),
+        choices=("text", "json"),
+        help="json: one object per line (env TIDAL_LOG_FORMAT; default text)",
     )
 
     call = commands.add_parser(
@@ -185,16 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .app import run
-
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    from .app import ProtectedMode
+    from .app import ProtectedMode, run
+    from .logs import configure as configure_logs
     from .storage import CorruptDatabase
 
+    configure_logs(args.log_level, args.log_format)
     config = Config(
         host=args.host,
         port=args.port,
@@ -207,6 +215,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_inflight=args.max_inflight,
         max_message_size=args.max_message_size,
         max_output_buffer=args.max_output_buffer,
+        metrics_port=args.metrics_port,
         tls_cert=args.tls_cert or None,
         tls_key=args.tls_key or None,
     )

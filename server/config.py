@@ -35,6 +35,8 @@ class Config:
     #: A connection with nothing in flight that sends no complete request for this
     #: many seconds is closed.
     idle_timeout: float = 300.0
+    #: Serve Prometheus metrics at http://host:metrics_port/metrics (off when None).
+    metrics_port: int | None = None
     #: PEM files: with both, the server speaks TLS only.
     tls_cert: str | None = None
     tls_key: str | None = None

@@ -80,6 +80,8 @@ class ServerConnection(asyncio.Protocol):
         self.closed = False
         self.draining = False
         self.last_active = time.monotonic()
+        self._metrics = engine.metrics
+        self._started: dict[int, tuple[str, float]] = {}  # msgid -> (method, read at)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -119,15 +121,19 @@ class ServerConnection(asyncio.Protocol):
                 return
         engine = self._engine
         conn = self.conn
+        now = time.monotonic()
+        metrics = self._metrics
         try:
             conn.receive_data(data)
             while True:
                 event = conn.next_event()
                 if event is NEED_DATA:
                     break
-                self.last_active = time.monotonic()
+                self.last_active = now
                 if type(event) is Request:
                     self.inflight += 1
+                    if metrics is not None:
+                        self._started[event.msgid] = (event.method, now)
                     if not self.authenticated or event.method == "auth":
                         if not self._auth(event):
                             break
@@ -189,13 +195,25 @@ class ServerConnection(asyncio.Protocol):
 
     def reply(self, msgid: int, result: Any) -> None:
         self.inflight -= 1
+        if self._metrics is not None:
+            self._observe(msgid)
         if not self.closed:
             self._out.append([RESPONSE, msgid, None, result])
 
     def reply_error(self, msgid: int, code: int, message: str) -> None:
         self.inflight -= 1
+        log.warning("error %d to %s (msgid %d): %s", code, self.peer, msgid, message)
+        if self._metrics is not None:
+            self._observe(msgid)
+            self._metrics.error(int(code))
         if not self.closed:
             self._out.append([RESPONSE, msgid, [int(code), message], None])
+
+    def _observe(self, msgid: int) -> None:
+        assert self._metrics is not None
+        started = self._started.pop(msgid, None)
+        if started is not None:
+            self._metrics.observe_latency(started[0], time.monotonic() - started[1])
 
     def flush(self) -> None:
         """Send every reply gathered since the last flush, in one write."""

@@ -35,6 +35,7 @@ from .aggregates import (
 from .batch import Batch, Replier
 from .cohorts import Cohort, matching
 from .members import Members
+from .metrics import Metrics
 from .params import InvalidParams, SignalArgs
 from .storage import Snapshot, Storage, StorageFailure, to_db
 
@@ -61,9 +62,11 @@ class Engine:
         checkpoint_seconds: float = CHECKPOINT_SECONDS,
         key_window_ns: int = 24 * 3600 * 10**9,
         max_keys: int = 1_000_000,
+        metrics: Metrics | None = None,
     ) -> None:
         self._storage = storage
         self._clock = clock
+        self.metrics = metrics
         self._connections = connections
         self.members = Members.adopt(snapshot.left, snapshot.rejoined)
         self._cohorts: dict[str, Cohort] = {
@@ -252,6 +255,7 @@ class Engine:
         membership = self.members.leave(user_id, self._clock())
         assert membership.left_at_ns is not None
         batch.member(user_id, prior, True, membership.left_at_ns)
+        batch.leaves += 1
         self._ack(conn, msgid, membership.wire())
 
     def _rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
@@ -263,6 +267,7 @@ class Engine:
         if prior is not None and prior[0]:
             assert membership.left_at_ns is not None
             batch.member(user_id, prior, False, membership.left_at_ns)
+            batch.rejoins += 1
             self._ack(conn, msgid, membership.wire())
         else:  # already active: nothing to write
             self._answer(conn, msgid, membership.wire())
@@ -374,6 +379,7 @@ class Engine:
                 self._forget_old_keys(batch)
             self._open = Batch(self._next_seq)
             self._inflight = batch
+            began = time.perf_counter()
             try:
                 await self._storage.commit(batch)
             except StorageFailure as exc:
@@ -382,6 +388,9 @@ class Engine:
                 log.exception("writer failed")
                 self._fail(batch, StorageFailure(f"writer failed: {exc!r}", transient=False))
             else:
+                if self.metrics is not None and batch.writes:
+                    self.metrics.commit_seconds.observe(time.perf_counter() - began)
+                    self.metrics.batch_size.observe(batch.writes)
                 self._deliver(batch)
             finally:
                 self._inflight = None
@@ -398,6 +407,9 @@ class Engine:
         self.aggregates.absorb(batch.deltas, batch.signals)
         self.signals += batch.signals
         self.forwarded += batch.forwarded
+        if self.metrics is not None:
+            self.metrics.leaves += batch.leaves
+            self.metrics.rejoins += batch.rejoins
         touched: dict[Replier, None] = {}
         for conn, msgid, result in batch.replies:
             conn.reply(msgid, result.answer() if type(result) is CountsRead else result)

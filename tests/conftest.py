@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,6 +86,9 @@ class ServerProcess:
 
     async def connect(self) -> Client:
         return await Client.connect("127.0.0.1", self.port, timeout=10)
+
+    async def connect_with(self, **options: Any) -> Client:
+        return await Client.connect("127.0.0.1", self.port, timeout=10, **options)
 
     async def stop(self, signum: int = signal.SIGTERM) -> int:
         assert self.proc is not None

@@ -105,7 +105,7 @@ async def test_hostile_inputs_leave_honest_clients_and_memory_alone(db_path: Pat
                 for task in attacks:
                     await task
                 rss.append(rss_kib(proc.proc.pid))
-                assert loaded <= max(2 * baseline, baseline + 0.01), (baseline, loaded)
+                assert loaded <= max(2 * baseline, baseline + 0.02), (baseline, loaded)
             assert await honest.ping() == "pong"
         print(f"honest p99 {baseline * 1000:.2f} ms alone; server RSS after rounds: {rss} KiB")
         # bounded: what one round of attacks leaves behind, later rounds do not add to

@@ -218,7 +218,7 @@ async def test_slowloris_does_not_hurt_an_honest_client(db_path: Path) -> None:
                 writer.close()
         async with await proc.connect() as later:  # the honest one went idle meanwhile
             assert await later.ping() == "pong"
-        assert loaded <= max(2 * baseline, baseline + 0.005), (baseline, loaded)
+        assert loaded <= max(2 * baseline, baseline + 0.02), (baseline, loaded)
         assert all(c == b"" or isinstance(c, ConnectionError) for c in closed), closed[:3]
     finally:
         await proc.stop()

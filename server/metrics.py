@@ -1,0 +1,120 @@
+"""Prometheus metrics: counted on the request path with plain integers, rendered when scraped.
+
+prometheus-client's own Histogram takes a lock and several calls per
+observation; the loop thread is the only writer here, so a bisect and two
+additions do, and a collector turns them into metric families at scrape time.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+BATCH_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+COMMIT_BUCKETS: Final = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+class Histogram:
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+        return out
+
+
+class Metrics:
+    """What the server counts; ``gauges`` reads live state (connections, users left)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[int, int] = {}
+        self.leaves = 0
+        self.rejoins = 0
+        self.latency: dict[str, Histogram] = {}
+        self.batch_size = Histogram(BATCH_BUCKETS)
+        self.commit_seconds = Histogram(COMMIT_BUCKETS)
+        self.signals: Callable[[], tuple[int, int]] = lambda: (0, 0)  # (signals, forwarded)
+        self.gauges: Callable[[], tuple[int, int]] = lambda: (0, 0)  # (connections, users left)
+
+    def observe_latency(self, method: str, seconds: float) -> None:
+        histogram = self.latency.get(method)
+        if histogram is None:
+            if len(self.latency) >= 64:  # method names come from clients: bound the labels
+                method = "other"
+                histogram = self.latency.get(method)
+            if histogram is None:
+                histogram = self.latency[method] = Histogram(LATENCY_BUCKETS)
+        histogram.observe(seconds)
+
+    def error(self, code: int) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    def registry(self) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        return registry
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        signals, forwarded = m.signals()
+        yield _counter("tidal_signals", "Signals committed to the ledger.", signals)
+        yield _counter(
+            "tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded
+        )
+        yield _counter(
+            "tidal_gated", "Signals of users who had left: ledger only.", signals - forwarded
+        )
+        yield _counter("tidal_leaves", "Leaves committed.", m.leaves)
+        yield _counter("tidal_rejoins", "Rejoins committed.", m.rejoins)
+        errors = CounterMetricFamily("tidal_errors", "Error replies, by code.", labels=["code"])
+        for code, count in sorted(m.errors.items()):
+            errors.add_metric([str(code)], count)
+        yield errors
+        latency = HistogramMetricFamily(
+            "tidal_request_seconds",
+            "From reading a request to writing its reply, by method.",
+            labels=["method"],
+        )
+        for method, histogram in sorted(m.latency.items()):
+            latency.add_metric([method], histogram.buckets(), histogram.total)
+        yield latency
+        yield _histogram("tidal_commit_batch_size", "Writes per group commit.", m.batch_size)
+        yield _histogram("tidal_commit_seconds", "Duration of a group commit.", m.commit_seconds)
+        connections, users_left = m.gauges()
+        yield GaugeMetricFamily("tidal_connections", "Open connections.", value=connections)
+        yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
+
+
+def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=histogram.buckets(), sum_value=histogram.total)

@@ -1,0 +1,76 @@
+"""Prometheus metrics, scraped for real, and structured logs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tidal.client import Client, InvalidParams, Signal
+from tidal.server import Config, Server
+
+from .conftest import ServerProcess
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text: str = response.read().decode()
+        return text
+
+
+def value(text: str, sample: str) -> float:
+    match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{sample} not in the scrape"
+    return float(match.group(1))
+
+
+async def test_metrics_count_what_happened(db_path: Path) -> None:
+    server = Server(Config(port=0, db=str(db_path), metrics_port=0))
+    await server.start()
+    try:
+        async with await Client.connect(*server.address) as c:
+            await c.leave(1)
+            await c.signal(1, "e", "view")
+            await c.signal(2, "e", "view")
+            await c.signal_batch([Signal(3, "e", "view")] * 3)
+            await c.leave(4)
+            await c.rejoin(4)
+            with pytest.raises(InvalidParams):
+                await c.call("signal", -1, "e", "view")
+            text = await asyncio.to_thread(scrape, server.metrics_port)
+    finally:
+        await server.shutdown()
+    assert value(text, "tidal_signals_total") == 5
+    assert value(text, "tidal_forwarded_total") == 4
+    assert value(text, "tidal_gated_total") == 1
+    assert value(text, "tidal_leaves_total") == 2
+    assert value(text, "tidal_rejoins_total") == 1
+    assert value(text, 'tidal_errors_total{code="-32602"}') == 1
+    assert value(text, "tidal_users_left") == 1
+    assert value(text, "tidal_connections") == 1
+    assert value(text, 'tidal_request_seconds_count{method="signal"}') == 3
+    assert value(text, 'tidal_request_seconds_count{method="signal_batch"}') == 1
+    assert value(text, "tidal_commit_batch_size_count") >= 1
+    assert value(text, "tidal_commit_batch_size_sum") == 8  # 5 signals, 2 leaves, 1 rejoin
+    assert value(text, 'tidal_commit_seconds_bucket{le="+Inf"}') >= 1
+
+
+async def test_json_logs_one_object_a_line_and_no_token(db_path: Path) -> None:
+    token = "very-secret-token"
+    proc = ServerProcess(db_path, "--log-format", "json", "--log-level", "debug", "--token", token)
+    await proc.start()
+    async with await proc.connect_with(token=token) as c:
+        with pytest.raises(InvalidParams):
+            await c.call("leave", -5)
+    await proc.stop()
+    entries = [json.loads(line) for line in proc.log]
+    assert all({"time", "level", "logger", "message"} <= e.keys() for e in entries)
+    messages = [(e["level"], e["message"]) for e in entries]
+    assert any(level == "debug" and m.startswith("connection from") for level, m in messages)
+    assert any(level == "warning" and "user_id" in m for level, m in messages)
+    assert any(m.startswith("listening on") for _, m in messages)
+    assert token not in "".join(m for _, m in messages)
