@@ -15,6 +15,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .sync import SyncClient
 from .types import Counts, Membership, Signal, SignalAck, Tally
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "ServerError",
     "Signal",
     "SignalAck",
+    "SyncClient",
     "Tally",
     "TidalError",
     "TooLarge",

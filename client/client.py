@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import ssl as ssl_module
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Final, cast
@@ -22,10 +21,11 @@ from tidal.protocol import (
     Request,
     Response,
 )
-from tidal.protocol.limits import USER_ID_MAX
 
+from . import requests
 from .errors import CallTimeout, ConnectionLost, from_wire
-from .types import Counts, Membership, Scalar, Signal, SignalAck, _context
+from .requests import Call
+from .types import Counts, Membership, Scalar, Signal, SignalAck
 
 DEFAULT_TIMEOUT = 30.0
 #: After a dropped connection: this many tries, waiting 0.05 s, then twice as long each time.
@@ -227,19 +227,16 @@ class Client:
         limit = self._timeout if isinstance(timeout, _Default) else timeout
         return await _request(protocol, method, list(params), limit)
 
-    async def _retried(self, method: str, params: list[Any]) -> Any:
-        """A call that is safe to repeat: after a dropped connection, again (a few times:
-        a reconnect can land on a server that is still going down, and be reset)."""
+    async def _send(self, call: Call) -> Any:
+        """Send a built call; a repeatable one survives dropped connections (a few: a
+        reconnect can land on a server that is still going down, and be reset)."""
         for attempt in range(RETRIES):
             try:
-                return await self.call(method, *params)
+                return await self.call(call.method, *call.params)
             except ConnectionLost:
-                if self._closed or attempt == RETRIES - 1:
+                if not call.repeatable or self._closed or attempt == RETRIES - 1:
                     raise
         raise AssertionError("unreachable")
-
-    def _key(self, key: str | None) -> str | None:
-        return key if key is not None or not self._auto_keys else uuid.uuid4().hex
 
     # -- one method per RPC ----------------------------------------------
 
@@ -260,35 +257,22 @@ class Client:
     ) -> SignalAck:
         """``key`` (1..64 bytes) makes the signal idempotent: a repeat within the
         server's window gets the first acknowledgement and is counted once."""
-        params: list[Any] = [_user_id(user_id), entity, kind, weight]
-        key = self._key(key)
-        context = _context(list(communities) if communities else None, attrs, key)
-        if context:
-            params.append(context)
-        if key is None:
-            return SignalAck.from_wire(await self.call("signal", *params))
-        return SignalAck.from_wire(await self._retried("signal", params))
+        key = requests.key_for(key, self._auto_keys)
+        call = requests.signal(user_id, entity, kind, weight, communities, attrs, key)
+        return SignalAck.from_wire(await self._send(call))
 
     async def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
-        items = []
-        keyed = True
-        for item in signals:
-            _user_id(item.user_id)
-            key = self._key(item.key)
-            keyed = keyed and key is not None
-            items.append(item._replace(key=key).wire())
-        if keyed:  # every item can be repeated safely, so the batch can
-            return [SignalAck.from_wire(a) for a in await self._retried("signal_batch", [items])]
-        return [SignalAck.from_wire(a) for a in await self.call("signal_batch", items)]
+        call = requests.signal_batch(signals, self._auto_keys)
+        return [SignalAck.from_wire(a) for a in await self._send(call)]
 
     async def leave(self, user_id: int) -> Membership:
-        return Membership.from_wire(await self.call("leave", _user_id(user_id)))
+        return Membership.from_wire(await self._send(requests.of_user("leave", user_id)))
 
     async def rejoin(self, user_id: int) -> Membership:
-        return Membership.from_wire(await self.call("rejoin", _user_id(user_id)))
+        return Membership.from_wire(await self._send(requests.of_user("rejoin", user_id)))
 
     async def status(self, user_id: int) -> Membership:
-        return Membership.from_wire(await self.call("status", _user_id(user_id)))
+        return Membership.from_wire(await self._send(requests.of_user("status", user_id)))
 
     async def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
         return bool(await self.call("define_cohort", name, predicate))
@@ -331,10 +315,3 @@ async def _request(
 def _close_transport(protocol: _ClientProtocol) -> None:
     if protocol.transport is not None:
         protocol.transport.close()
-
-
-def _user_id(value: int) -> int:
-    """Refuse here what MessagePack could not carry, before anything is sent."""
-    if type(value) is not int or not 0 <= value <= USER_ID_MAX:
-        raise ValueError(f"user_id: must be an integer in 0..2**64-1, got {value!r}")
-    return value

@@ -6,8 +6,10 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,46 @@ class ServerProcess:
     async def kill9(self) -> None:
         code = await self.stop(signal.SIGKILL)
         assert code == -signal.SIGKILL
+
+
+class BlockingServer:
+    """``tidal serve`` as a child, for tests without an event loop (the blocking client)."""
+
+    def __init__(self, db: Path, *extra: str) -> None:
+        self.db, self.extra = db, extra
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    def start(self) -> BlockingServer:
+        serve = ["serve", "--port", "0", "--db", str(self.db), *self.extra]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tidal.server", *serve],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if match := LISTENING.search(line.encode()):
+                self.port = int(match.group(2))
+                # keep reading so that the server never blocks on a full pipe
+                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+                return self
+        raise AssertionError(f"tidal serve exited with {self.proc.wait()} before listening")
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+        return self.proc.wait(30)
+
+
+@pytest.fixture
+def blocking_server(db_path: Path) -> Iterator[BlockingServer]:
+    server = BlockingServer(db_path).start()
+    yield server
+    server.stop(signal.SIGKILL)
 
 
 @pytest.fixture

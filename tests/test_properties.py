@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ from tidal.client import Client, Counts, Membership
 from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError
 from tidal.server import Config, Server
 
-from .conftest import LISTENING
+from .conftest import BlockingServer
 
 USERS = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1])
 ENTITIES = st.sampled_from(["a", "b"])
@@ -258,21 +256,9 @@ METHODS = st.sampled_from(
 def live_server() -> Iterator[int]:
     """One server process for every fuzzed request."""
     with tempfile.TemporaryDirectory(prefix="tidal-fuzz-") as tmp:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tidal.server", "serve", "--port", "0", "--db", f"{tmp}/f.db"],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stderr is not None
-        port = 0
-        for line in proc.stderr:
-            if match := LISTENING.search(line.encode()):
-                port = int(match.group(2))
-                break
-        assert port, "the server did not start"
-        yield port
-        proc.terminate()
-        assert proc.wait(30) == 0
+        server = BlockingServer(Path(tmp) / "f.db").start()
+        yield server.port
+        assert server.stop() == 0
 
 
 @given(method=METHODS, params=st.lists(MSGPACK_VALUES, max_size=6))

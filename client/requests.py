@@ -1,0 +1,60 @@
+"""What each method sends, shared by the asyncio client and the blocking one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from tidal.protocol.limits import USER_ID_MAX
+
+from .types import Scalar, Signal, _context
+
+
+class Call(NamedTuple):
+    method: str
+    params: list[Any]
+    #: safe to send again after a dropped connection: the server counts it once
+    repeatable: bool = False
+
+
+def key_for(key: str | None, auto_keys: bool) -> str | None:
+    return key if key is not None or not auto_keys else uuid.uuid4().hex
+
+
+def signal(
+    user_id: int,
+    entity: str,
+    kind: str,
+    weight: float,
+    communities: Iterable[str] | None,
+    attrs: dict[str, Scalar] | None,
+    key: str | None,
+) -> Call:
+    params: list[Any] = [checked_user_id(user_id), entity, kind, weight]
+    context = _context(list(communities) if communities else None, attrs, key)
+    if context:
+        params.append(context)
+    return Call("signal", params, key is not None)
+
+
+def signal_batch(signals: Iterable[Signal], auto_keys: bool) -> Call:
+    items = []
+    keyed = True
+    for item in signals:
+        checked_user_id(item.user_id)
+        key = key_for(item.key, auto_keys)
+        keyed = keyed and key is not None
+        items.append(item._replace(key=key).wire())
+    return Call("signal_batch", [items], keyed)  # repeatable when every item is
+
+
+def of_user(method: str, user_id: int) -> Call:
+    return Call(method, [checked_user_id(user_id)])
+
+
+def checked_user_id(value: int) -> int:
+    """Refuse here what MessagePack could not carry, before anything is sent."""
+    if type(value) is not int or not 0 <= value <= USER_ID_MAX:
+        raise ValueError(f"user_id: must be an integer in 0..2**64-1, got {value!r}")
+    return value

@@ -1,0 +1,211 @@
+"""A blocking client for code without an event loop: scripts, WSGI apps, notebooks.
+
+Same methods, same errors, same reconnect-and-retry rules as ``Client``; one
+call at a time per client (a lock makes one client safe to share between
+threads, at the price of no pipelining: use the asyncio client for that).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl as ssl_module
+import threading
+import time
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError, Request, Response
+
+from . import requests
+from .client import DEFAULT_TIMEOUT, RECONNECT_ATTEMPTS, RECONNECT_FIRST_DELAY, RETRIES
+from .errors import CallTimeout, ConnectionLost, from_wire
+from .requests import Call
+from .types import Counts, Membership, Scalar, Signal, SignalAck
+
+
+class SyncClient:
+    """``with SyncClient("127.0.0.1", 7411) as tidal: tidal.leave(42)``"""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 7411,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        token: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
+        auto_keys: bool = False,
+        reconnect: int = RECONNECT_ATTEMPTS,
+    ) -> None:
+        self._host, self._port = host, port
+        self._timeout = timeout
+        self._token = token
+        self._ssl = ssl
+        self._auto_keys = auto_keys
+        self._reconnect_attempts = reconnect
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._conn = Connection()
+        self._next_msgid = 0
+        self._closed = False
+        with self._lock:
+            self._dial()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+    @property
+    def is_connected(self) -> bool:
+        return self._sock is not None
+
+    # -- the connection ------------------------------------------------------
+
+    def _dial(self) -> socket.socket:
+        try:
+            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
+        except TimeoutError:
+            raise CallTimeout(f"could not connect to {self._host}:{self._port}") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
+        self._sock, self._conn = sock, Connection()
+        if self._token is not None:
+            try:
+                self._roundtrip("auth", [self._token], self._timeout)
+            except BaseException:
+                self._drop()
+                raise
+        return sock
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _connected(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        if self._closed:
+            raise ConnectionLost("the client is closed")
+        delay = RECONNECT_FIRST_DELAY
+        failure: Exception = ConnectionLost("no reconnect attempts allowed")
+        for _ in range(self._reconnect_attempts):
+            try:
+                return self._dial()
+            except (OSError, CallTimeout) as exc:
+                failure = exc
+            time.sleep(delay)  # backoff: this client blocks by design
+            delay *= 2
+        raise ConnectionLost(f"could not reconnect: {failure}")
+
+    def _roundtrip(self, method: str, params: list[Any], timeout: float | None) -> Any:
+        """One request, its reply. Any doubt about the stream drops the connection, so that
+        a late reply can never be taken for the answer to a later request."""
+        sock = self._sock
+        assert sock is not None
+        msgid = self._next_msgid
+        self._next_msgid = (msgid + 1) & 0xFFFFFFFF
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(self._conn.send(Request(msgid, method, params)))
+            while True:
+                event = self._conn.next_event()
+                if event is NEED_DATA:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionLost("connection lost: closed by the server")
+                    self._conn.receive_data(data)
+                elif type(event) is Response and event.msgid == msgid:
+                    break
+        except TimeoutError:
+            self._drop()
+            raise CallTimeout(f"{method}: no reply in {timeout}s") from None
+        except (OSError, RemoteProtocolError) as exc:
+            self._drop()
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        except ConnectionLost:
+            self._drop()
+            raise
+        if event.error is not None:
+            raise from_wire(event.error)
+        return event.result
+
+    # -- calls ---------------------------------------------------------------
+
+    def call(self, method: str, *params: Any, timeout: float | None = None) -> Any:
+        """Send one request and wait for its reply; ``timeout`` defaults to the client's."""
+        with self._lock:
+            self._connected()
+            return self._roundtrip(method, list(params), timeout or self._timeout)
+
+    def _send(self, call: Call) -> Any:
+        for attempt in range(RETRIES):
+            try:
+                return self.call(call.method, *call.params)
+            except ConnectionLost:
+                if not call.repeatable or self._closed or attempt == RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def ping(self) -> str:
+        result: str = self.call("ping")
+        return result
+
+    def signal(
+        self,
+        user_id: int,
+        entity: str,
+        kind: str,
+        weight: float = 1.0,
+        *,
+        communities: Iterable[str] | None = None,
+        attrs: dict[str, Scalar] | None = None,
+        key: str | None = None,
+    ) -> SignalAck:
+        key = requests.key_for(key, self._auto_keys)
+        call = requests.signal(user_id, entity, kind, weight, communities, attrs, key)
+        return SignalAck.from_wire(self._send(call))
+
+    def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
+        call = requests.signal_batch(signals, self._auto_keys)
+        return [SignalAck.from_wire(a) for a in self._send(call)]
+
+    def leave(self, user_id: int) -> Membership:
+        return Membership.from_wire(self._send(requests.of_user("leave", user_id)))
+
+    def rejoin(self, user_id: int) -> Membership:
+        return Membership.from_wire(self._send(requests.of_user("rejoin", user_id)))
+
+    def status(self, user_id: int) -> Membership:
+        return Membership.from_wire(self._send(requests.of_user("status", user_id)))
+
+    def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
+        return bool(self.call("define_cohort", name, predicate))
+
+    def drop_cohort(self, name: str) -> bool:
+        return bool(self.call("drop_cohort", name))
+
+    def cohorts(self) -> dict[str, dict[str, Any]]:
+        result: dict[str, dict[str, Any]] = self.call("cohorts")
+        return result
+
+    def counts(self, entity: str) -> Counts:
+        return Counts.from_wire(self.call("counts", entity))
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.call("stats")
+        return result
