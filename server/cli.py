@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import sqlite3
 import ssl
 import sys
 from collections.abc import Coroutine, Sequence
@@ -155,6 +156,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
 
+    backup = commands.add_parser(
+        "backup",
+        help="copy the database, consistently, while the server runs",
+        description="Takes a consistent snapshot with SQLite's backup API while the server keeps"
+        " serving and writing; run it where the database file is (e.g. docker compose exec tidal"
+        " tidal backup /data/backup.db). Restore: stop the server, put the copy in place of the"
+        " database (removing its -wal and -shm files), start the server.",
+    )
+    backup.add_argument("dest", help="the file to create (never overwritten)")
+    backup.add_argument(
+        "--db", default=_env("TIDAL_DB", "./tidal.db"), help="(env TIDAL_DB; default ./tidal.db)"
+    )
+
+    for name, text in (("status", "a user's membership"), ("stats", "the server's figures")):
+        sub = commands.add_parser(name, help=f"print {text}, readably")
+        if name == "status":
+            sub.add_argument("user_id", type=int)
+        sub.add_argument("--host", default=_env("TIDAL_HOST", "127.0.0.1"), help="(env TIDAL_HOST)")
+        sub.add_argument(
+            "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
+        )
+        sub.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
+        sub.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+        sub.add_argument(
+            "--tls-ca", default=os.environ.get("TIDAL_TLS_CA"), help="(env TIDAL_TLS_CA)"
+        )
+        sub.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
+
     bench = commands.add_parser(
         "bench",
         help="measure throughput and latency against a running server",
@@ -194,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "backup":
+        return _backup(args)
+    if args.command in ("status", "stats"):
+        return _readable(args)
     return _call(args)
 
 
@@ -234,25 +267,69 @@ def _arg(text: str) -> Any:
         return text
 
 
-def _call(args: argparse.Namespace) -> int:
-    from tidal.client import Client, ServerError, TidalError
+def _remote(args: argparse.Namespace, method: str, params: list[Any]) -> tuple[int, Any]:
+    """One call as the CLI makes it: (exit status, result); errors are printed here."""
+    from tidal.client import ServerError, SyncClient, TidalError
 
-    async def go() -> Any:
-        tls = ssl.create_default_context(cafile=args.tls_ca) if args.tls or args.tls_ca else None
-        async with await Client.connect(
-            args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls
-        ) as client:
-            return await client.call(args.method, *[_arg(a) for a in args.args])
-
+    tls = ssl.create_default_context(cafile=args.tls_ca) if args.tls or args.tls_ca else None
     try:
-        result = asyncio.run(go())
+        with SyncClient(
+            args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls, reconnect=0
+        ) as client:
+            return 0, client.call(method, *params)
     except ServerError as exc:
         print(f"error {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
+        return 1, None
     except (TidalError, OSError) as exc:
         print(f"cannot reach tidal at {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2, None
+
+
+def _call(args: argparse.Namespace) -> int:
+    status, result = _remote(args, args.method, [_arg(a) for a in args.args])
+    if status == 0:
+        print(json.dumps(result, default=_json_default))
+    return status
+
+
+def _readable(args: argparse.Namespace) -> int:
+    if args.command == "status":
+        status, result = _remote(args, "status", [args.user_id])
+        if status == 0:
+            at = result["left_at_ns"]
+            when = "never left" if at is None else f"left at {_iso(at)} ({at} ns)"
+            print(f"user {result['user_id']}: {result['status']}, {when}")
+        return status
+    status, result = _remote(args, "stats", [])
+    if status == 0:
+        width = max(len(k) for k in result)
+        for key, value in result.items():
+            print(
+                f"{key:<{width}}  {value:,}"
+                if isinstance(value, int)
+                else f"{key:<{width}}  {value}"
+            )
+    return status
+
+
+def _iso(ns: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+def _backup(args: argparse.Namespace) -> int:
+    from .backup import backup
+
+    try:
+        info = backup(args.db, args.dest)
+    except (OSError, RuntimeError, sqlite3.Error) as exc:
+        print(f"tidal backup: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result, default=_json_default))
+    print(
+        f"backed up {info.ledger_rows:,} ledger rows and {info.leave_records:,} leave records"
+        f" to {info.dest} ({info.bytes:,} bytes) in {info.seconds:.2f}s"
+    )
     return 0
 
 
