@@ -9,6 +9,7 @@ are stored in two's complement.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import sqlite3
 from collections.abc import Callable
@@ -93,6 +94,7 @@ _UPSERT_MEMBERSHIP: Final = (
     "INSERT INTO memberships (user_id, left, left_at_ns) VALUES (?, ?, ?)"
     " ON CONFLICT DO UPDATE SET left = excluded.left, left_at_ns = excluded.left_at_ns"
 )
+_LOAD_CHUNK: Final = 500_000
 _SELECT_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id >= 0"
 )
@@ -223,9 +225,16 @@ class Storage:
 def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot:
     # Straight from the cursor into the dicts the gate uses, built in C; only ids
     # of 2**63 and above (stored negative) take a turn through Python.
-    left: dict[int, int] = dict(db.execute(_SELECT_MEMBERS, (1,)))
-    rejoined: dict[int, int] = dict(db.execute(_SELECT_MEMBERS, (0,)))
+    left: dict[int, int] = {}
+    rejoined: dict[int, int] = {}
     for is_left, members in ((1, left), (0, rejoined)):
+        cursor = db.execute(_SELECT_MEMBERS, (is_left,))
+        while True:  # in chunks, so that a long boot says how far it got; no lists of rows
+            before = len(members)
+            members.update(itertools.islice(cursor, _LOAD_CHUNK))
+            if len(members) - before < _LOAD_CHUNK:
+                break
+            log.info("loading leave records: %d so far", len(left) + len(rejoined))
         for uid, at in db.execute(_SELECT_HIGH_MEMBERS, (is_left,)):
             members[from_db(uid)] = at
     cohorts = [
