@@ -10,7 +10,7 @@ TIDAL_PORT ?= 7411
 TIDAL_DB   ?= ./tidal.db
 export TIDAL_HOST TIDAL_PORT TIDAL_DB
 
-.PHONY: run test lint pytest bench crash clean
+.PHONY: run test lint pytest tools bench crash clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -24,8 +24,16 @@ run: $(STAMP)
 
 test: lint pytest
 
-pytest: $(STAMP)
+pytest: $(STAMP) tools
 	$(BIN)/python -m pytest
+
+# Debian's docker-compose checks the compose file in tests/test_deploy.py; installed
+# here when we are root with apt (as CI is), otherwise that test says what is missing.
+tools:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; \
+	  else echo "docker-compose is missing: tests/test_deploy.py will fail and say so"; fi; }
 
 # mypy cannot follow setuptools' package-dir mapping, so it reads the sources
 # through a tree of links laid out as they are imported (tidal/server -> server).

@@ -1,0 +1,32 @@
+# tidal: build a wheel in one stage, install it in a slim one that runs as a non-root user.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY protocol ./protocol
+COPY server ./server
+COPY client ./client
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin tidal \
+    && mkdir -p /data \
+    && chown tidal /data
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index /wheels/*.whl \
+    && rm -rf /wheels
+USER 10001
+WORKDIR /data
+VOLUME ["/data"]
+# Every setting comes from the environment (see README, Configuration). Listening
+# beyond loopback needs TIDAL_TOKEN: without it the server refuses to start.
+ENV TIDAL_HOST=0.0.0.0 \
+    TIDAL_PORT=7411 \
+    TIDAL_DB=/data/tidal.db \
+    TIDAL_LOG_FORMAT=json \
+    PYTHONUNBUFFERED=1
+EXPOSE 7411
+HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["tidal", "call", "--host", "127.0.0.1", "--timeout", "3", "ping"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["tidal"]
+CMD ["serve"]
