@@ -40,14 +40,8 @@ def merge(into: Deltas, more: Deltas) -> None:
         mine = into.get(entity)
         if mine is None:
             into[entity] = slots
-            continue
-        for slot, (count, weight) in slots.items():
-            tally = mine.get(slot)
-            if tally is None:
-                mine[slot] = [count, weight]
-            else:
-                tally[0] += count
-                tally[1] += weight
+        else:
+            _add_copy(mine, slots)
 
 
 def _add_copy(into: dict[Slot, list[Any]], slots: dict[Slot, list[Any]] | None) -> None:

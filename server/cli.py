@@ -143,18 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     call.add_argument("method")
     call.add_argument("args", nargs="*")
-    call.add_argument("--host", default=_env("TIDAL_HOST", "127.0.0.1"), help="(env TIDAL_HOST)")
-    call.add_argument(
-        "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
-    )
-    call.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    call.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
-    call.add_argument(
-        "--tls-ca",
-        default=os.environ.get("TIDAL_TLS_CA"),
-        help="connect with TLS, trusting this CA file (env TIDAL_TLS_CA)",
-    )
-    call.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
+    _client_options(call)
 
     backup = commands.add_parser(
         "backup",
@@ -173,16 +162,7 @@ def _parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=f"print {text}, readably")
         if name == "status":
             sub.add_argument("user_id", type=int)
-        sub.add_argument("--host", default=_env("TIDAL_HOST", "127.0.0.1"), help="(env TIDAL_HOST)")
-        sub.add_argument(
-            "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
-        )
-        sub.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
-        sub.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-        sub.add_argument(
-            "--tls-ca", default=os.environ.get("TIDAL_TLS_CA"), help="(env TIDAL_TLS_CA)"
-        )
-        sub.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
+        _client_options(sub)
 
     bench = commands.add_parser(
         "bench",
@@ -191,10 +171,7 @@ def _parser() -> argparse.ArgumentParser:
         " flight until REQUESTS have been answered. Run it against a fresh database:"
         " --left-fraction makes users 0..USERS*F leave first.",
     )
-    bench.add_argument("--host", default=_env("TIDAL_HOST", "127.0.0.1"), help="(env TIDAL_HOST)")
-    bench.add_argument(
-        "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
-    )
+    _client_options(bench, tls=False)
     bench.add_argument("--clients", "-c", type=int, default=50, help="connections (default 50)")
     bench.add_argument(
         "--pipeline", "-P", type=int, default=1, help="requests in flight per connection (1)"
@@ -213,8 +190,25 @@ def _parser() -> argparse.ArgumentParser:
         "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
     )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
     return parser
+
+
+def _client_options(parser: argparse.ArgumentParser, *, tls: bool = True) -> None:
+    # bench makes its own connections: it takes no --timeout and no TLS
+    """Where the server is and how to reach it: the same for every client command."""
+    parser.add_argument("--host", default=_env("TIDAL_HOST", "127.0.0.1"), help="(env TIDAL_HOST)")
+    parser.add_argument(
+        "--port", type=_port, default=_env("TIDAL_PORT", "7411"), help="(env TIDAL_PORT)"
+    )
+    parser.add_argument("--token", default=os.environ.get("TIDAL_TOKEN"), help="(env TIDAL_TOKEN)")
+    if tls:
+        parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+        parser.add_argument(
+            "--tls-ca",
+            default=os.environ.get("TIDAL_TLS_CA"),
+            help="connect with TLS, trusting this CA file (env TIDAL_TLS_CA)",
+        )
+        parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,9 +6,11 @@ import asyncio
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,16 @@ async def client(server: Server) -> AsyncIterator[Client]:
     host, port = server.address
     async with await Client.connect(host, port, timeout=10) as c:
         yield c
+
+
+async def signal_p99(client: Client, n: int) -> float:
+    """The p99 latency, in seconds, of ``n`` signals sent one after another."""
+    latencies = []
+    for i in range(n):
+        began = time.perf_counter()
+        await client.signal(i, "e", "view")
+        latencies.append(time.perf_counter() - began)
+    return statistics.quantiles(latencies, n=100)[98]
 
 
 class ServerProcess:

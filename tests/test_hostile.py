@@ -6,13 +6,11 @@ import asyncio
 import contextlib
 import os
 import re
-import statistics
-import time
 from pathlib import Path
 
 import msgpack
 
-from .conftest import ServerProcess
+from .conftest import ServerProcess, signal_p99
 
 ROUNDS = int(os.environ.get("TIDAL_HOSTILE_ROUNDS", "3"))
 CLOSE = -1
@@ -83,16 +81,7 @@ async def test_hostile_inputs_leave_honest_clients_and_memory_alone(db_path: Pat
     assert proc.proc is not None
     try:
         async with await proc.connect() as honest:
-
-            async def p99(n: int) -> float:
-                out = []
-                for i in range(n):
-                    began = time.perf_counter()
-                    await honest.signal(i, "e", "view")
-                    out.append(time.perf_counter() - began)
-                return statistics.quantiles(out, n=100)[98]
-
-            baseline = await p99(300)
+            baseline = await signal_p99(honest, 300)
             rss: list[int] = []
             for _ in range(ROUNDS):
                 attacks = [
@@ -101,7 +90,7 @@ async def test_hostile_inputs_leave_honest_clients_and_memory_alone(db_path: Pat
                     )
                     for name, (payload, outcome) in ATTACKS.items()
                 ]
-                loaded = await p99(300)
+                loaded = await signal_p99(honest, 300)
                 for task in attacks:
                     await task
                 rss.append(rss_kib(proc.proc.pid))

@@ -9,6 +9,8 @@ import msgpack
 from tidal.client import Client, Tally
 from tidal.server import Server
 
+from .rawrpc import RawPeer
+
 DE = {"country": "DE"}
 
 
@@ -111,27 +113,18 @@ async def test_leave_stops_community_forwarding(client: Client) -> None:
 
 async def test_zero_window_pipelined_signal_leave_signal(server: Server) -> None:
     """All three in one write: the leave is applied before the second signal is read."""
-    host, port = server.address
-    reader, writer = await asyncio.open_connection(host, port)
+    peer = await RawPeer.open(server.address)
     context = {"communities": ["c"]}
-    writer.write(
+    peer.send_raw(
         msgpack.packb([0, 1, "signal", [77, "e", "view", 1.0, context]])
         + msgpack.packb([0, 2, "leave", [77]])
         + msgpack.packb([0, 3, "signal", [77, "e", "view", 1.0, context]])
     )
-    unpacker = msgpack.Unpacker(raw=False)
-    replies: dict[int, object] = {}
-    while len(replies) < 3:
-        data = await asyncio.wait_for(reader.read(65536), 10)
-        assert data, "server closed the connection"
-        unpacker.feed(data)
-        for _, msgid, error, result in unpacker:
-            assert error is None
-            replies[msgid] = result
-    writer.close()
-    assert replies[1]["forwarded"] is True  # type: ignore[index]
-    assert replies[3]["forwarded"] is False  # type: ignore[index]
-    assert replies[3]["seq"] > replies[1]["seq"]  # type: ignore[index]
+    replies = {r[1]: r[3] for r in [await peer.receive() for _ in range(3)]}
+    peer.close()
+    assert replies[1]["forwarded"] is True
+    assert replies[3]["forwarded"] is False
+    assert replies[3]["seq"] > replies[1]["seq"]
 
 
 async def test_zero_window_holds_under_concurrent_load(server: Server) -> None:
@@ -145,7 +138,7 @@ async def test_zero_window_holds_under_concurrent_load(server: Server) -> None:
 
     async with await Client.connect(host, port) as other:
         noisy = asyncio.create_task(noise(other))
-        reader, writer = await asyncio.open_connection(host, port)
+        peer = await RawPeer.open(server.address)
         context = {"communities": ["c"]}
         payload = b"".join(
             msgpack.packb([0, 3 * u, "signal", [u, "e", "view", 1.0, context]])
@@ -153,17 +146,9 @@ async def test_zero_window_holds_under_concurrent_load(server: Server) -> None:
             + msgpack.packb([0, 3 * u + 2, "signal", [u, "e", "view", 1.0, context]])
             for u in range(100)
         )
-        writer.write(payload)
-        unpacker = msgpack.Unpacker(raw=False)
-        replies: dict[int, dict[str, object]] = {}
-        while len(replies) < 300:
-            data = await asyncio.wait_for(reader.read(65536), 10)
-            assert data, "server closed the connection"
-            unpacker.feed(data)
-            for _, msgid, error, result in unpacker:
-                assert error is None
-                replies[msgid] = result
-        writer.close()
+        peer.send_raw(payload)
+        replies = {r[1]: r[3] for r in [await peer.receive() for _ in range(300)]}
+        peer.close()
         await noisy
         for u in range(100):
             assert replies[3 * u]["forwarded"] is True

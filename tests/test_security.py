@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from tidal.client import Client, ConnectionLost, Unauthorized
 from tidal.protocol import ErrorCode
 from tidal.server import Config, ProtectedMode, Server
 
-from .conftest import ServerProcess
+from .conftest import ServerProcess, signal_p99
 from .rawrpc import RawPeer
 
 TOKEN = "s3cret-token-for-tests"
@@ -188,16 +187,7 @@ async def test_slowloris_does_not_hurt_an_honest_client(db_path: Path) -> None:
     await proc.start()
     try:
         async with await proc.connect() as honest:
-
-            async def p99(n: int) -> float:
-                out = []
-                for i in range(n):
-                    began = time.perf_counter()
-                    await honest.signal(i, "e", "view")
-                    out.append(time.perf_counter() - began)
-                return statistics.quantiles(out, n=100)[98]
-
-            baseline = await p99(300)
+            baseline = await signal_p99(honest, 300)
             drips = [await asyncio.open_connection("127.0.0.1", proc.port) for _ in range(1000)]
             head = msgpack.packb([0, 1, "signal", [1, "e" * 200, "view"]])
 
@@ -208,7 +198,7 @@ async def test_slowloris_does_not_hurt_an_honest_client(db_path: Path) -> None:
                     await asyncio.sleep(0.2)  # the attack's pace: 5 bytes a second each
 
             dripping = asyncio.create_task(drip())
-            loaded = await p99(300)
+            loaded = await signal_p99(honest, 300)
             closed = await asyncio.gather(
                 *(asyncio.wait_for(reader.read(), 30) for reader, _ in drips),
                 return_exceptions=True,
