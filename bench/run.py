@@ -195,17 +195,52 @@ def requests_for(clients: int, pipeline: int, scale: float) -> int:
     return max(1_000, int(base * scale))
 
 
-def run_all(scale: float) -> dict[str, Any]:
-    results: dict[str, Any] = {"shapes": {}, "extra": {}, "machine": machine()}
-    shapes: dict[str, dict[str, Any]] = results["shapes"]
+def run_all(scale: float, repeats: int) -> dict[str, Any]:
+    """Every shape ``repeats`` times, rounds alternating between systems; each figure is the
+    median run, with the range beside it (this machine's figures move a lot between runs)."""
+    shape_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    extra_runs: dict[str, list[dict[str, Any]]] = {}
+    for round_ in range(repeats):
+        print(f"-- round {round_ + 1} of {repeats}", file=sys.stderr)
+        one_round(scale, shape_runs, extra_runs)
+    return {
+        "machine": machine(),
+        "repeats": repeats,
+        "shapes": {
+            system: {shape: median(runs) for shape, runs in by_shape.items()}
+            for system, by_shape in shape_runs.items()
+        },
+        "extra": {name: median(runs) for name, runs in extra_runs.items()},
+        "boot": boot_figures(scale),
+        "counts": counts_figures(scale),
+    }
 
+
+def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ordered = sorted(runs, key=lambda r: float(r["signals_per_s"] or r["requests_per_s"]))
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["range"] = [ordered[0]["signals_per_s"], ordered[-1]["signals_per_s"]]
+    return chosen
+
+
+def one_round(
+    scale: float,
+    shape_runs: dict[str, dict[str, list[dict[str, Any]]]],
+    extra_runs: dict[str, list[dict[str, Any]]],
+) -> None:
     def record(system: str, shape: str, result: dict[str, Any]) -> None:
-        shapes.setdefault(system, {})[shape] = result
+        shape_runs.setdefault(system, {}).setdefault(shape, []).append(result)
         print(
             f"{system:>16} {shape:>6}: {result['signals_per_s']:>10,.0f} signals/s"
             f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms",
             file=sys.stderr,
         )
+
+    class Extra:
+        def __setitem__(self, name: str, result: dict[str, Any]) -> None:
+            extra_runs.setdefault(name, []).append(result)
+
+    extra = Extra()
 
     for c, p in SHAPES:
         n = requests_for(c, p, scale)
@@ -219,7 +254,6 @@ def run_all(scale: float) -> dict[str, Any]:
                 command = redis_signal_command(red.port, SIGNAL_LUA)
                 record(f"redis {fsync}", f"{c}x{p}", redis_bench(red.port, c, p, n, *command))
 
-    extra: dict[str, Any] = results["extra"]
     batches = max(40, int(400 * scale))
     with bare_server() as bare:
         extra["bare batch 1000 (4x4)"] = tidal_bench(bare.port, 4, 4, batches, workload="batch")
@@ -256,10 +290,6 @@ def run_all(scale: float) -> dict[str, Any]:
     with redis_server("always") as red:
         command = redis_signal_command(red.port, MIXED_LUA)
         extra["redis always mixed 16x16"] = redis_bench(red.port, 16, 16, n, *command)
-
-    results["boot"] = boot_figures(scale)
-    results["counts"] = counts_figures(scale)
-    return results
 
 
 def machine() -> dict[str, Any]:
@@ -355,6 +385,12 @@ def fill_ledger(db: Path, rows: int) -> None:
 # -- the report -------------------------------------------------------------
 
 
+def _span(result: dict[str, Any]) -> str:
+    low, high = result.get("range", [result["signals_per_s"]] * 2)
+    digits = 1 if high < 10_000 else 0
+    return f"{low / 1000:.{digits}f}k-{high / 1000:.{digits}f}k"
+
+
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "n/a"
 
@@ -375,8 +411,10 @@ def report(results: dict[str, Any]) -> str:
         "",
         f"One run of `make bench` on {m['date']}: {m['cores']} cores,",
         f"Python {m['python']}, Redis {m['redis']}. The load generator",
-        "runs on the same machine. Compare within this page only: absolute figures on a shared",
-        "machine drift from run to run; the ratios measured side by side are what hold.",
+        "runs on the same machine. Each figure is the median of"
+        f" {results.get('repeats', 1)} runs, in rounds that alternate",
+        "between the systems; the range of the runs is in brackets. Compare within this page",
+        "only: absolute figures on this shared machine drift (by up to 2x between runs).",
         "",
         "Workload: `signal` with one community and one attribute, a cohort defined on that",
         "attribute, 100,000 users, 1,000 entities. Redis runs `bench/signal.lua` (ledger",
@@ -388,7 +426,7 @@ def report(results: dict[str, Any]) -> str:
         "|---|" + "---:|" * len(labels),
     ]
     for system in systems:
-        cells = [f"{sps(system, s):,.0f}" for s in labels]
+        cells = [f"{sps(system, s):,.0f} ({_span(shapes[system][s])})" for s in labels]
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     lines += ["", "## Latency p50 / p99 (ms)", "", "| system | " + " | ".join(labels) + " |"]
     lines.append("|---|" + "---:|" * len(labels))
@@ -455,12 +493,13 @@ def report(results: dict[str, Any]) -> str:
         "",
         "## Other shapes",
         "",
-        "| run | signals/s | p50 ms | p99 ms |",
+        "| run | signals/s (range) | p50 ms | p99 ms |",
         "|---|---:|---:|---:|",
     ]
     for name, r in extra.items():
         lines.append(
-            f"| {name} | {r['signals_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |"
+            f"| {name} | {r['signals_per_s']:,.0f} ({_span(r)}) | {r['p50_ms']:.2f}"
+            f" | {r['p99_ms']:.2f} |"
         )
     for name, r in counts.items():
         lines.append(
@@ -501,6 +540,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply request counts")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each shape (median)")
     parser.add_argument("--report-only", action="store_true", help="rewrite docs from results")
     args = parser.parse_args()
     results_path = ROOT / "bench" / "results.json"
@@ -508,7 +548,7 @@ def main() -> int:
         results = json.loads(results_path.read_text())
     else:
         ensure_redis()
-        results = run_all(args.scale)
+        results = run_all(args.scale, args.repeats)
         results_path.write_text(json.dumps(results, indent=1) + "\n")
     (ROOT / "docs" / "BENCHMARKS.md").write_text(report(results))
     plot(results, ROOT / "docs" / "benchmarks.png")
