@@ -44,6 +44,16 @@ def merge(into: Deltas, more: Deltas) -> None:
             _add_copy(mine, slots)
 
 
+def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
+    """One signal more in ``slot``."""
+    tally = tallies.get(slot)
+    if tally is None:
+        tallies[slot] = [1, weight]
+    else:
+        tally[0] += 1
+        tally[1] += weight
+
+
 def _add_copy(into: dict[Slot, list[Any]], slots: dict[Slot, list[Any]] | None) -> None:
     if slots:
         for slot, (count, weight) in slots.items():
@@ -135,12 +145,7 @@ class Aggregates:
                 slots += [(COMMUNITY, name, kind) for name in communities]
             mine = live.setdefault(entity, {})
             for slot in slots:
-                tally = mine.get(slot)
-                if tally is None:
-                    mine[slot] = [1, weight]
-                else:
-                    tally[0] += 1
-                    tally[1] += weight
+                bump(mine, slot, weight)
             count += 1
         self._signals = count
         return count

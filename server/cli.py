@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -39,100 +40,84 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the server")
-    serve.add_argument(
-        "--host",
-        default=_env("TIDAL_HOST", "127.0.0.1"),
-        help="address to listen on (env TIDAL_HOST; default 127.0.0.1)",
-    )
-    serve.add_argument(
-        "--port",
-        type=_port,
-        default=_env("TIDAL_PORT", "7411"),
-        help="TCP port, 0 for any free one (env TIDAL_PORT; default 7411)",
-    )
-    serve.add_argument(
-        "--db",
-        default=_env("TIDAL_DB", "./tidal.db"),
-        help="SQLite database file (env TIDAL_DB; default ./tidal.db)",
-    )
-    serve.add_argument(
+    setting = functools.partial(_setting, serve)
+    setting("--host", "TIDAL_HOST", "127.0.0.1", "address to listen on")
+    setting("--port", "TIDAL_PORT", "7411", "TCP port, 0 for any free one", type=_port)
+    setting("--db", "TIDAL_DB", "./tidal.db", "SQLite database file")
+    setting(
         "--durability",
+        "TIDAL_DURABILITY",
+        "full",
+        "full: fsync every group commit, survives power loss; normal: survives a crash of"
+        " the process, not of the machine",
         choices=("full", "normal"),
-        default=_env("TIDAL_DURABILITY", "full"),
-        help="full: fsync every group commit, survives power loss; normal: survives a crash"
-        " of the process, not of the machine (env TIDAL_DURABILITY; default full)",
     )
-    serve.add_argument(
-        "--token",
-        default=os.environ.get("TIDAL_TOKEN"),
-        help="require auth(token) as each connection's first request (env TIDAL_TOKEN)",
+    setting(
+        "--token", "TIDAL_TOKEN", None, "require auth(token) as each connection's first request"
     )
-    serve.add_argument(
-        "--tls-cert",
-        default=os.environ.get("TIDAL_TLS_CERT"),
-        help="PEM certificate (chain): serve TLS only (env TIDAL_TLS_CERT)",
-    )
-    serve.add_argument(
-        "--tls-key", default=os.environ.get("TIDAL_TLS_KEY"), help="PEM key (env TIDAL_TLS_KEY)"
-    )
+    setting("--tls-cert", "TIDAL_TLS_CERT", None, "PEM certificate (chain): serve TLS only")
+    setting("--tls-key", "TIDAL_TLS_KEY", None, "PEM key")
     serve.add_argument(
         "--insecure",
         action="store_true",
         default=_env("TIDAL_INSECURE", "") not in ("", "0"),
         help="allow listening beyond loopback without a token (env TIDAL_INSECURE=1)",
     )
-    serve.add_argument(
+    setting(
         "--max-connections",
+        "TIDAL_MAX_CONNECTIONS",
+        "10000",
+        "connections past this are told so and closed",
         type=int,
-        default=_env("TIDAL_MAX_CONNECTIONS", "10000"),
-        help="connections past this are told so and closed (env TIDAL_MAX_CONNECTIONS; 10000)",
     )
-    serve.add_argument(
+    setting(
         "--idle-timeout",
+        "TIDAL_IDLE_TIMEOUT",
+        "300",
+        "seconds before a silent connection with nothing in flight is closed",
         type=float,
-        default=_env("TIDAL_IDLE_TIMEOUT", "300"),
-        help="seconds before a silent connection with nothing in flight is closed"
-        " (env TIDAL_IDLE_TIMEOUT; 300)",
     )
-    serve.add_argument(
+    setting(
         "--max-inflight",
+        "TIDAL_MAX_INFLIGHT",
+        "4096",
+        "requests read but unanswered per connection before reading pauses",
         type=int,
-        default=_env("TIDAL_MAX_INFLIGHT", "4096"),
-        help="requests read but unanswered per connection before reading pauses"
-        " (env TIDAL_MAX_INFLIGHT; 4096)",
     )
-    serve.add_argument(
+    setting(
         "--max-message-size",
+        "TIDAL_MAX_MESSAGE_SIZE",
+        str(8 * 1024 * 1024),
+        "bytes; a larger message gets error 3 and its connection is closed",
         type=int,
-        default=_env("TIDAL_MAX_MESSAGE_SIZE", str(8 * 1024 * 1024)),
-        help="bytes; a larger message gets error 3 and its connection is closed"
-        " (env TIDAL_MAX_MESSAGE_SIZE; 8388608)",
     )
-    serve.add_argument(
+    setting(
         "--max-output-buffer",
+        "TIDAL_MAX_OUTPUT_BUFFER",
+        str(16 * 1024 * 1024),
+        "bytes of unread replies before a client is disconnected",
         type=int,
-        default=_env("TIDAL_MAX_OUTPUT_BUFFER", str(16 * 1024 * 1024)),
-        help="bytes of unread replies before a client is disconnected"
-        " (env TIDAL_MAX_OUTPUT_BUFFER; 16777216)",
     )
-    serve.add_argument(
+    setting(
         "--metrics-port",
+        "TIDAL_METRICS_PORT",
+        None,
+        "serve Prometheus metrics at http://HOST:PORT/metrics",
         type=_port,
-        default=os.environ.get("TIDAL_METRICS_PORT"),
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (env TIDAL_METRICS_PORT;"
-        " default off)",
     )
-    serve.add_argument(
+    setting(
         "--log-level",
-        default=_env("TIDAL_LOG_LEVEL", "info"),
+        "TIDAL_LOG_LEVEL",
+        "info",
+        "how much to log",
         choices=("debug", "info", "warning", "error"),
-        help="(env TIDAL_LOG_LEVEL; default info)",
     )
-    serve.add_argument(
+    setting(
         "--log-format",
-        default=_env("TIDAL_LOG_FORMAT", "text"),
+        "TIDAL_LOG_FORMAT",
+        "text",
+        "json: one object per line",
         choices=("text", "json"),
-        help="json: one object per line (env TIDAL_LOG_FORMAT; default text)",
     )
 
     call = commands.add_parser(
@@ -191,6 +176,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
+
+
+def _setting(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    env: str,
+    default: str | None,
+    text: str,
+    **options: Any,
+) -> None:
+    """A flag whose default comes from ``env``; its help says both, so --help stays true."""
+    shown = "off" if default is None else default
+    parser.add_argument(
+        flag,
+        default=os.environ.get(env, default),
+        help=f"{text} (env {env}; default {shown})",
+        **options,
+    )
 
 
 def _client_options(parser: argparse.ArgumentParser, *, tls: bool = True) -> None:

@@ -30,7 +30,7 @@ from .aggregates import (
     LEDGER,
     Aggregates,
     CountsRead,
-    Slot,
+    bump,
 )
 from .batch import Batch, Replier
 from .cohorts import Cohort, matching
@@ -208,7 +208,7 @@ class Engine:
         mine = batch.deltas.get(entity)
         if mine is None:
             mine = batch.deltas[entity] = {}
-        _bump(mine, (LEDGER, "", kind), weight)
+        bump(mine, (LEDGER, "", kind), weight)
         if self.members.is_left(user_id):
             forwarded = False
             context = _pack((communities, attrs, ())) if communities or attrs else None
@@ -216,9 +216,9 @@ class Engine:
             forwarded = True
             cohorts = [c.id for c in matching(self._cohorts, attrs)] if self._cohorts else ()
             for cid in cohorts:
-                _bump(mine, (COHORT, cid, kind), weight)
+                bump(mine, (COHORT, cid, kind), weight)
             for name in communities:
-                _bump(mine, (COMMUNITY, name, kind), weight)
+                bump(mine, (COMMUNITY, name, kind), weight)
             context = _pack((communities, attrs, cohorts)) if communities or attrs else None
             batch.forwarded += 1
         batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
@@ -458,12 +458,3 @@ class _NotFound(Exception):
 
 
 _pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
-
-
-def _bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
-    tally = tallies.get(slot)
-    if tally is None:
-        tallies[slot] = [1, weight]
-    else:
-        tally[0] += 1
-        tally[1] += weight
