@@ -75,9 +75,10 @@ class Aggregates:
     ) -> None:
         self.every_signals = every_signals
         self.every_seconds = every_seconds
-        self.watermark = watermark  # every signal with seq <= watermark is in the table
         self.live: Deltas = {}  # committed above the watermark
         self.flushing: Deltas | None = None  # in the checkpoint being committed
+        # the table holds every signal up to this seq once the flushing checkpoint commits
+        # (and, with none in flight, already does)
         self.flushing_to = watermark
         self._signals = 0  # absorbed since the last checkpoint began
         self._since = time.monotonic()
@@ -105,10 +106,8 @@ class Aggregates:
 
     def end_checkpoint(self, committed: bool) -> None:
         flushing, self.flushing = self.flushing, None
-        if committed:
-            self.watermark = self.flushing_to
-        elif flushing is not None:  # still durable in the ledger: keep them in memory
-            merge(flushing, self.live)
+        if not committed and flushing is not None:
+            merge(flushing, self.live)  # still durable in the ledger: keep them in memory
             self.live = flushing
 
     def capture(

@@ -182,9 +182,8 @@ class _Connection(aiosqlite.Connection):
 
 
 class Storage:
-    def __init__(self, db: _Connection, path: str) -> None:
+    def __init__(self, db: _Connection) -> None:
         self._db = db
-        self.path = path
         self.commits = 0
 
     @classmethod
@@ -208,7 +207,7 @@ class Storage:
         except BaseException:
             await db.close()
             raise
-        return cls(db, location)
+        return cls(db)
 
     async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
         return await self._db.run(lambda db: _load(db, keys_since_ns, max_keys))
