@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
@@ -17,13 +18,22 @@ from typing import Any, Final, cast
 from tidal.protocol import (
     NEED_DATA,
     Connection,
+    LocalProtocolError,
+    Notification,
     RemoteProtocolError,
     Request,
     Response,
 )
 
 from . import requests
-from .errors import CallTimeout, ConnectionLost, from_wire
+from .errors import (
+    CallTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    closed_by_server,
+    from_wire,
+    unsendable,
+)
 from .requests import Call
 from .types import Counts, Membership, Scalar, Signal, SignalAck
 
@@ -33,6 +43,9 @@ RECONNECT_ATTEMPTS = 7
 RECONNECT_FIRST_DELAY = 0.05
 #: How many times a call that is safe to repeat (a keyed signal) is sent in all.
 RETRIES = 4
+
+
+log = logging.getLogger("tidal.client")
 
 
 class _Default(enum.Enum):
@@ -69,6 +82,10 @@ class _ClientProtocol(asyncio.Protocol):
                         future.set_result(event.result)
                     else:
                         future.set_exception(from_wire(event.error))
+                elif type(event) is Notification and event.method == "error":
+                    # the server says why it is about to close: the calls it ends say so too
+                    self.lost = closed_by_server(event.params)
+                    log.warning("%s", self.lost)
         except RemoteProtocolError as exc:
             self.lost = ConnectionLost(f"the server sent something unreadable: {exc}")
             assert self.transport is not None
@@ -100,9 +117,9 @@ class Client:
     """``async with await Client.connect(host, port) as client: await client.leave(42)``
 
     After a dropped connection, the next call reconnects (with backoff). Calls in
-    flight when it dropped fail with ``ConnectionLost``, except signals that carry
-    an idempotency key: those are sent again once reconnected, and the server
-    counts each key once.
+    flight when it dropped fail with ``ConnectionLost``, except reads and signals
+    that carry an idempotency key: those are sent again once reconnected (the
+    server counts each key once).
     """
 
     def __init__(
@@ -150,6 +167,8 @@ class Client:
                 )
             except TimeoutError:
                 raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
+            except OSError as exc:
+                raise ConnectFailed(f"could not connect to {host}:{port}: {exc}") from exc
             if token is not None:
                 try:
                     await _request(protocol, "auth", [token], timeout)
@@ -214,7 +233,7 @@ class Client:
                     failure = exc
                 await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
                 delay *= 2
-            raise ConnectionLost(f"could not reconnect: {failure}")
+            raise ConnectFailed(f"could not reconnect: {failure}")
 
     async def call(
         self, method: str, *params: Any, timeout: float | _Default | None = DEFAULT
@@ -233,6 +252,8 @@ class Client:
         for attempt in range(RETRIES):
             try:
                 return await self.call(call.method, *call.params)
+            except ConnectFailed:
+                raise  # reconnecting already tried, with backoff
             except ConnectionLost:
                 if not call.repeatable or self._closed or attempt == RETRIES - 1:
                     raise
@@ -241,7 +262,7 @@ class Client:
     # -- one method per RPC ----------------------------------------------
 
     async def ping(self) -> str:
-        result: str = await self.call("ping")
+        result: str = await self._send(requests.read("ping"))
         return result
 
     async def signal(
@@ -272,7 +293,7 @@ class Client:
         return Membership.from_wire(await self._send(requests.of_user("rejoin", user_id)))
 
     async def status(self, user_id: int) -> Membership:
-        return Membership.from_wire(await self._send(requests.of_user("status", user_id)))
+        return Membership.from_wire(await self._send(requests.status(user_id)))
 
     async def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
         return bool(await self.call("define_cohort", name, predicate))
@@ -281,14 +302,19 @@ class Client:
         return bool(await self.call("drop_cohort", name))
 
     async def cohorts(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = await self.call("cohorts")
+        result: dict[str, dict[str, Any]] = await self._send(requests.read("cohorts"))
         return result
 
     async def counts(self, entity: str) -> Counts:
-        return Counts.from_wire(await self.call("counts", entity))
+        return Counts.from_wire(await self._send(requests.read("counts", entity)))
 
     async def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call("stats")
+        result: dict[str, Any] = await self._send(requests.read("stats"))
+        return result
+
+    async def health(self) -> dict[str, Any]:
+        """``{"status": "ok" | "starting" | "failing", "storage": ..., "error"?: ...}``"""
+        result: dict[str, Any] = await self._send(requests.read("health"))
         return result
 
 
@@ -300,7 +326,10 @@ async def _request(
     assert protocol.transport is not None
     msgid = protocol.next_msgid
     protocol.next_msgid = (msgid + 1) & 0xFFFFFFFF
-    data = protocol.conn.send(Request(msgid, method, params))
+    try:
+        data = protocol.conn.send(Request(msgid, method, params))
+    except LocalProtocolError as exc:
+        raise unsendable(exc) from None
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     protocol.pending[msgid] = future
     protocol.transport.write(data)

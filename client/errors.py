@@ -1,21 +1,38 @@
-"""What a call can raise: one class per wire error code, all under ``TidalError``."""
+"""What a call can raise: all of it under ``TidalError``, so one ``except`` catches
+every failure of a call; one class per wire error code for the server's answers."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from tidal.protocol import ErrorCode
+from tidal.protocol import ErrorCode, LocalProtocolError
 
 
 class TidalError(Exception):
     """Base of every error the client raises."""
 
 
-class ConnectionLost(TidalError):
+class ClientError(TidalError):
+    """The call was not sent: its arguments cannot go on the wire. Nothing reached the server."""
+
+
+class InvalidArgument(ClientError, ValueError):
+    """An argument MessagePack cannot carry, or outside what tidal accepts (a user id of 2**64)."""
+
+
+class RequestTooLarge(ClientError):
+    """The encoded request is larger than the message size limit."""
+
+
+class ConnectionLost(TidalError, ConnectionError):
     """The connection dropped (or was closed) before the reply came.
 
     A write sent before the drop may or may not have been applied.
     """
+
+
+class ConnectFailed(ConnectionLost):
+    """No connection could be made (refused, unreachable, TLS handshake failed)."""
 
 
 class CallTimeout(TidalError, TimeoutError):
@@ -84,6 +101,21 @@ _BY_CODE: dict[int, type[ServerError]] = {
         TooLarge,
     )
 }
+
+
+def unsendable(exc: LocalProtocolError) -> ClientError:
+    """The client's error for a request the protocol refused to encode."""
+    if exc.code == ErrorCode.TOO_LARGE:
+        return RequestTooLarge(str(exc))
+    return InvalidArgument(str(exc))
+
+
+def closed_by_server(params: Any) -> ConnectionLost:
+    """The server's ``error`` notification: why it is closing this connection."""
+    if type(params) is list and params:
+        error = from_wire(params[0] if len(params) == 1 else params)
+        return ConnectionLost(f"closed by the server: {error}")
+    return ConnectionLost(f"closed by the server: {params!r}")
 
 
 def from_wire(error: Any) -> ServerError:

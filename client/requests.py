@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from tidal.protocol.limits import USER_ID_MAX
 
+from .errors import InvalidArgument
 from .types import Scalar, Signal, _context
 
 
@@ -53,8 +54,17 @@ def of_user(method: str, user_id: int) -> Call:
     return Call(method, [checked_user_id(user_id)])
 
 
+def status(user_id: int) -> Call:
+    return read("status", checked_user_id(user_id))
+
+
+def read(method: str, *params: Any) -> Call:
+    """A read changes nothing: after a dropped connection it is simply asked again."""
+    return Call(method, list(params), True)
+
+
 def checked_user_id(value: int) -> int:
     """Refuse here what MessagePack could not carry, before anything is sent."""
     if type(value) is not int or not 0 <= value <= USER_ID_MAX:
-        raise ValueError(f"user_id: must be an integer in 0..2**64-1, got {value!r}")
+        raise InvalidArgument(f"user_id: must be an integer in 0..2**64-1, got {value!r}")
     return value

@@ -7,6 +7,7 @@ threads, at the price of no pipelining: use the asyncio client for that).
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl as ssl_module
 import threading
@@ -15,13 +16,30 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
-from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError, Request, Response
+from tidal.protocol import (
+    NEED_DATA,
+    Connection,
+    LocalProtocolError,
+    Notification,
+    RemoteProtocolError,
+    Request,
+    Response,
+)
 
 from . import requests
 from .client import DEFAULT_TIMEOUT, RECONNECT_ATTEMPTS, RECONNECT_FIRST_DELAY, RETRIES
-from .errors import CallTimeout, ConnectionLost, from_wire
+from .errors import (
+    CallTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    closed_by_server,
+    from_wire,
+    unsendable,
+)
 from .requests import Call
 from .types import Counts, Membership, Scalar, Signal, SignalAck
+
+log = logging.getLogger("tidal.client")
 
 
 class SyncClient:
@@ -75,13 +93,20 @@ class SyncClient:
     # -- the connection ------------------------------------------------------
 
     def _dial(self) -> socket.socket:
+        where = f"{self._host}:{self._port}"
         try:
             sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
         except TimeoutError:
-            raise CallTimeout(f"could not connect to {self._host}:{self._port}") from None
+            raise CallTimeout(f"could not connect to {where}") from None
+        except OSError as exc:
+            raise ConnectFailed(f"could not connect to {where}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._ssl is not None:
-            sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
+            try:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
+            except OSError as exc:
+                sock.close()
+                raise ConnectFailed(f"TLS with {where} failed: {exc}") from exc
         self._sock, self._conn = sock, Connection()
         if self._token is not None:
             try:
@@ -98,7 +123,9 @@ class SyncClient:
 
     def _connected(self) -> socket.socket:
         if self._sock is not None:
-            return self._sock
+            if self._still_open(self._sock):
+                return self._sock
+            self._drop()
         if self._closed:
             raise ConnectionLost("the client is closed")
         delay = RECONNECT_FIRST_DELAY
@@ -110,7 +137,32 @@ class SyncClient:
                 failure = exc
             time.sleep(delay)  # backoff: this client blocks by design
             delay *= 2
-        raise ConnectionLost(f"could not reconnect: {failure}")
+        raise ConnectFailed(f"could not reconnect: {failure}")
+
+    def _still_open(self, sock: socket.socket) -> bool:
+        """Between calls nothing is due from the server, so whatever is waiting tells:
+        an end of stream (it closed or restarted), or its notice of why it closes.
+        Found out here, a dropped connection costs a reconnect, not a failed call."""
+        sock.setblocking(False)
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, ssl_module.SSLWantReadError):
+            return True  # nothing waiting (with TLS: perhaps a session ticket, now read)
+        except OSError:
+            return False
+        finally:
+            sock.settimeout(self._timeout)
+        if not data:
+            return False
+        self._conn.receive_data(data)
+        try:
+            while (event := self._conn.next_event()) is not NEED_DATA:
+                if type(event) is Notification and event.method == "error":
+                    log.warning("%s", closed_by_server(event.params))
+                    return False
+        except RemoteProtocolError:
+            return False
+        return True
 
     def _roundtrip(self, method: str, params: list[Any], timeout: float | None) -> Any:
         """One request, its reply. Any doubt about the stream drops the connection, so that
@@ -120,8 +172,12 @@ class SyncClient:
         msgid = self._next_msgid
         self._next_msgid = (msgid + 1) & 0xFFFFFFFF
         try:
+            request = self._conn.send(Request(msgid, method, params))
+        except LocalProtocolError as exc:
+            raise unsendable(exc) from None
+        try:
             sock.settimeout(timeout)
-            sock.sendall(self._conn.send(Request(msgid, method, params)))
+            sock.sendall(request)
             while True:
                 event = self._conn.next_event()
                 if event is NEED_DATA:
@@ -131,15 +187,19 @@ class SyncClient:
                     self._conn.receive_data(data)
                 elif type(event) is Response and event.msgid == msgid:
                     break
+                elif type(event) is Notification and event.method == "error":
+                    lost = closed_by_server(event.params)
+                    log.warning("%s", lost)
+                    raise lost
         except TimeoutError:
             self._drop()
             raise CallTimeout(f"{method}: no reply in {timeout}s") from None
-        except (OSError, RemoteProtocolError) as exc:
-            self._drop()
-            raise ConnectionLost(f"connection lost: {exc}") from exc
         except ConnectionLost:
             self._drop()
             raise
+        except (OSError, RemoteProtocolError) as exc:
+            self._drop()
+            raise ConnectionLost(f"connection lost: {exc}") from exc
         if event.error is not None:
             raise from_wire(event.error)
         return event.result
@@ -156,13 +216,15 @@ class SyncClient:
         for attempt in range(RETRIES):
             try:
                 return self.call(call.method, *call.params)
+            except ConnectFailed:
+                raise  # reconnecting already tried, with backoff
             except ConnectionLost:
                 if not call.repeatable or self._closed or attempt == RETRIES - 1:
                     raise
         raise AssertionError("unreachable")
 
     def ping(self) -> str:
-        result: str = self.call("ping")
+        result: str = self._send(requests.read("ping"))
         return result
 
     def signal(
@@ -191,7 +253,7 @@ class SyncClient:
         return Membership.from_wire(self._send(requests.of_user("rejoin", user_id)))
 
     def status(self, user_id: int) -> Membership:
-        return Membership.from_wire(self._send(requests.of_user("status", user_id)))
+        return Membership.from_wire(self._send(requests.status(user_id)))
 
     def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
         return bool(self.call("define_cohort", name, predicate))
@@ -200,12 +262,17 @@ class SyncClient:
         return bool(self.call("drop_cohort", name))
 
     def cohorts(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = self.call("cohorts")
+        result: dict[str, dict[str, Any]] = self._send(requests.read("cohorts"))
         return result
 
     def counts(self, entity: str) -> Counts:
-        return Counts.from_wire(self.call("counts", entity))
+        return Counts.from_wire(self._send(requests.read("counts", entity)))
 
     def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("stats")
+        result: dict[str, Any] = self._send(requests.read("stats"))
+        return result
+
+    def health(self) -> dict[str, Any]:
+        """``{"status": "ok" | "starting" | "failing", "storage": ..., "error"?: ...}``"""
+        result: dict[str, Any] = self._send(requests.read("health"))
         return result

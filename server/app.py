@@ -1,8 +1,11 @@
 """The server's life: boot from disk, listen, and shut down in order.
 
-Boot loads leave state from SQLite *before* the socket opens, so no request is
-ever gated by a half-loaded map. Shutdown: stop accepting, stop reading, commit
-and answer what was read, close the connections, close the database.
+Start: check the settings, bind the port, take the database's lock, and only
+then open the database, so that a mistake fails before anything on disk changes.
+Boot loads leave state from SQLite before any request is applied, so none is
+ever gated by a half-loaded map (meanwhile only ``ping`` and ``health`` are
+answered). Shutdown: stop accepting, stop reading, commit and answer what was
+read, close the connections, close the database, let go of the lock.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -20,8 +24,11 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from .config import Config
-from .connection import ServerConnection
+from .connection import ServerConnection, ServerState
+from .dblock import DatabaseLock
 from .engine import Engine
+from .errors import BadSettings, ProtectedMode, StartupError
+from .health import Booting
 from .metrics import Metrics
 from .storage import Storage
 
@@ -31,14 +38,22 @@ log = logging.getLogger("tidal.server")
 class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.connections: set[ServerConnection] = set()
+        self.state = ServerState(Booting(), None)
         self._server: asyncio.Server | None = None
+        self._lock: DatabaseLock | None = None
         self._storage: Storage | None = None
         self._engine: Engine | None = None
-        self._stopped = asyncio.Event()
+        self._stopped = False
         self._sweeper: asyncio.Task[None] | None = None
-        self.metrics: Metrics | None = None
         self._metrics_server: Any = None
+
+    @property
+    def connections(self) -> set[ServerConnection]:
+        return self.state.connections
+
+    @property
+    def metrics(self) -> Metrics | None:
+        return self.state.metrics
 
     @property
     def engine(self) -> Engine:
@@ -53,6 +68,11 @@ class Server:
         return host, port
 
     async def start(self) -> None:
+        """Check, bind, lock, then load: what can fail without touching the disk fails first.
+
+        The socket answers from the moment it is bound: ``health`` says ``starting``
+        and every request that needs state gets error 2 until the load is done.
+        """
         config = self.config
         config.check()
         if not (config.token or config.insecure or _is_loopback(config.host)):
@@ -61,27 +81,73 @@ class Server:
                 " could change who has left. Set --token (or TIDAL_TOKEN), or pass --insecure"
                 " if the network in front of it is trusted."
             )
+        tls = _tls(config)
+        try:
+            await self._listen(tls)
+            self._lock = DatabaseLock.acquire(config.db)
+            log.info("bound %s:%d; loading %s", *self.address, config.db)
+            engine = await self._boot()
+        except BaseException:
+            await self._close()
+            raise
+        self._engine = engine
+        engine.start()
+        self.state.handler = engine
+        host, port = self.address
+        log.info(
+            "listening on %s:%d%s%s",
+            host,
+            port,
+            " (TLS)" if config.tls_cert else "",
+            "" if config.token else " (no token)",
+        )
+
+    async def _listen(self, tls: ssl.SSLContext | None) -> None:
+        config = self.config
+        state = self.state
+        state.metrics = Metrics() if config.metrics_port is not None else None
+
+        def factory() -> ServerConnection:
+            return ServerConnection(state, config)
+
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                factory,
+                config.host,
+                config.port,
+                reuse_address=True,
+                ssl=tls,
+                ssl_handshake_timeout=10.0 if tls else None,
+            )
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {config.host}:{config.port}: {_why(exc)}"
+            ) from None
+        for sock in self._server.sockets:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sweeper = loop.create_task(self._sweep_idle(), name="tidal-idle-sweeper")
+        if state.metrics is not None:
+            self._serve_metrics(state.metrics)
+
+    async def _boot(self) -> Engine:
+        """Leave state from disk into memory, before any request that needs it is taken."""
+        config = self.config
         began = time.perf_counter()
         self._storage = await Storage.open(config.db, config.durability)
-        try:
-            window_ns = int(config.idempotency_window * 1e9)
-            snapshot = await self._storage.load(
-                time.time_ns() - window_ns, config.idempotency_max_keys
-            )
-            self.metrics = Metrics() if config.metrics_port is not None else None
-            engine = Engine(
-                self._storage,
-                snapshot,
-                metrics=self.metrics,
-                connections=lambda: len(self.connections),
-                checkpoint_signals=config.checkpoint_signals,
-                checkpoint_seconds=config.checkpoint_seconds,
-                key_window_ns=window_ns,
-                max_keys=config.idempotency_max_keys,
-            )
-        except BaseException:
-            await self._storage.close()
-            raise
+        window_ns = int(config.idempotency_window * 1e9)
+        snapshot = await self._storage.load(time.time_ns() - window_ns, config.idempotency_max_keys)
+        engine = Engine(
+            self._storage,
+            snapshot,
+            metrics=self.metrics,
+            connections=lambda: len(self.connections),
+            checkpoint_signals=config.checkpoint_signals,
+            checkpoint_seconds=config.checkpoint_seconds,
+            key_window_ns=window_ns,
+            max_keys=config.idempotency_max_keys,
+        )
         log.info(
             "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d,"
             " %d ledger rows replayed past the aggregates checkpoint",
@@ -92,50 +158,25 @@ class Server:
             snapshot.next_seq,
             len(snapshot.ledger_tail),
         )
-        self._engine = engine
-        engine.start()
-        loop = asyncio.get_running_loop()
+        return engine
 
-        def factory() -> ServerConnection:
-            return ServerConnection(engine, config, self.connections)
-
-        try:
-            tls = _tls(config)
-            self._server = await loop.create_server(
-                factory,
-                config.host,
-                config.port,
-                reuse_address=True,
-                ssl=tls,
-                ssl_handshake_timeout=10.0 if tls else None,
-            )
-        except BaseException:
-            await engine.close()
-            await self._storage.close()
-            raise
-        for sock in self._server.sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sweeper = loop.create_task(self._sweep_idle(), name="tidal-idle-sweeper")
-        if self.metrics is not None:
-            self._serve_metrics(engine, self.metrics)
-        host, port = self.address
-        log.info(
-            "listening on %s:%d%s%s",
-            host,
-            port,
-            " (TLS)" if config.tls_cert else "",
-            "" if config.token else " (no token)",
-        )
-
-    def _serve_metrics(self, engine: Engine, metrics: Metrics) -> None:
+    def _serve_metrics(self, metrics: Metrics) -> None:
         """prometheus-client's HTTP server, on its own thread: scrapes never wait on the loop."""
         assert self.config.metrics_port is not None
-        metrics.signals = lambda: (engine.signals, engine.forwarded)
-        metrics.gauges = lambda: (len(self.connections), len(engine.members))
-        server, _thread = start_http_server(
-            self.config.metrics_port, self.config.host, registry=metrics.registry()
-        )
+
+        def engine() -> Engine | None:
+            return self._engine
+
+        metrics.bind(engine, lambda: len(self.connections))
+        try:
+            server, _thread = start_http_server(
+                self.config.metrics_port, self.config.host, registry=metrics.registry()
+            )
+        except OSError as exc:
+            raise StartupError(
+                f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}:"
+                f" {_why(exc)}"
+            ) from None
         self._metrics_server = server
         log.info("metrics on http://%s:%d/metrics", self.config.host, server.server_port)
 
@@ -158,10 +199,17 @@ class Server:
 
     async def shutdown(self) -> None:
         """Stop accepting and reading, commit and answer what was read, then close everything."""
-        if self._server is None or self._stopped.is_set():
+        if self._server is None or self._stopped:
             return
-        self._stopped.set()
-        self._server.close()
+        await self._close()
+        log.info("stopped")
+
+    async def _close(self) -> None:
+        """In order, whatever ``start`` got as far as: the lock is let go of last, once
+        nothing of this server can write."""
+        self._stopped = True
+        if self._server is not None:
+            self._server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._metrics_server is not None:
@@ -169,17 +217,19 @@ class Server:
             self._metrics_server.server_close()
         for conn in list(self.connections):
             conn.drain()
-        try:
-            await asyncio.wait_for(self.engine.close(), self.config.shutdown_timeout)
-        except TimeoutError:
-            log.error(
-                "shutdown: pending commits did not finish in %ss", self.config.shutdown_timeout
-            )
+        if self._engine is not None:
+            try:
+                await asyncio.wait_for(self._engine.close(), self.config.shutdown_timeout)
+            except TimeoutError:
+                log.error(
+                    "shutdown: pending commits did not finish in %ss", self.config.shutdown_timeout
+                )
         for conn in list(self.connections):
             conn.transport.close()  # sends what is buffered, then closes
-        assert self._storage is not None
-        await self._storage.close()
-        log.info("stopped")
+        if self._storage is not None:
+            await self._storage.close()
+        if self._lock is not None:
+            self._lock.release()
 
     async def serve(self, stop: asyncio.Event) -> None:
         await self.start()
@@ -193,14 +243,23 @@ def _tls(config: Config) -> ssl.SSLContext | None:
     if not (config.tls_cert or config.tls_key):
         return None
     if not (config.tls_cert and config.tls_key):
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
+        raise BadSettings("TLS needs both --tls-cert and --tls-key")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise BadSettings(
+            f"--tls-cert {config.tls_cert} / --tls-key {config.tls_key}: cannot load them:"
+            f" {getattr(exc, 'strerror', None) or exc}"
+        ) from None
     return context
 
 
-class ProtectedMode(Exception):
-    """The server would listen beyond loopback with no token."""
+def _why(exc: OSError) -> str:
+    """The system's words for an errno ("Address already in use"), not asyncio's wrapping."""
+    if isinstance(exc, socket.gaierror) or not exc.errno:
+        return str(exc.strerror or exc)
+    return os.strerror(exc.errno)
 
 
 def _is_loopback(host: str) -> bool:

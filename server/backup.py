@@ -24,12 +24,29 @@ class BackupInfo:
     bytes: int
 
 
+class BackupFailed(Exception):
+    """The copy was not made; the message names the file and the cause."""
+
+
 def backup(db: str | Path, dest: str | Path) -> BackupInfo:
     source, target = Path(db), Path(dest)
-    if not source.exists():
-        raise FileNotFoundError(f"no database at {source}")
+    if not source.is_file():
+        raise BackupFailed(f"no database at {source}")
     if target.exists():
-        raise FileExistsError(f"{target} exists; a backup never overwrites a file")
+        raise BackupFailed(f"{target} exists; a backup never overwrites a file")
+    if not target.parent.is_dir():
+        raise BackupFailed(f"cannot write {target}: the directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK):
+        raise BackupFailed(f"cannot write {target}: {target.parent} is not writable for this user")
+    try:
+        return _copy(source, target)
+    except (OSError, sqlite3.Error) as exc:
+        raise BackupFailed(
+            f"{source} to {target}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+
+
+def _copy(source: Path, target: Path) -> BackupInfo:
     began = time.perf_counter()
     partial = target.with_name(target.name + ".partial")
     partial.unlink(missing_ok=True)
@@ -39,7 +56,7 @@ def backup(db: str | Path, dest: str | Path) -> BackupInfo:
         src.backup(dst)  # all pages in one step: one snapshot
         dst.execute("PRAGMA journal_mode=DELETE")  # a single self-contained file
         if dst.execute("PRAGMA quick_check").fetchone() != ("ok",):
-            raise RuntimeError(f"the copy at {partial} failed its integrity check")
+            raise BackupFailed(f"the copy at {partial} failed its integrity check")
         ((ledger,),) = dst.execute("SELECT COUNT(*) FROM ledger")
         ((left,),) = dst.execute("SELECT COUNT(*) FROM memberships WHERE left = 1")
     finally:

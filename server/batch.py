@@ -45,6 +45,7 @@ class Batch:
     checkpoint_seq: int = 0
     keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
+    probe: bool = False  # a write that tests the disk, for a health check after a full disk
     replies: list[tuple[Replier, int, Any]] = field(default_factory=list)
     undo: list[Undo] = field(default_factory=list)
     writes: int = 0

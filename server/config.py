@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
 from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
+from .errors import BadSettings
 from .storage import Durability
 
 
@@ -62,7 +63,7 @@ class Config:
         ]
         broken = [rule for ok, rule in rules if not ok]
         if broken:
-            raise ValueError("invalid settings: " + "; ".join(broken))
+            raise BadSettings("invalid settings: " + "; ".join(broken))
 
     def __repr__(self) -> str:  # the token must never reach a log
         fields = ", ".join(

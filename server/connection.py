@@ -11,7 +11,8 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 from tidal.protocol import (
     NEED_DATA,
@@ -25,10 +26,26 @@ from tidal.protocol import (
     Request,
 )
 
+from .batch import Replier
 from .config import Config
-from .engine import Engine
+from .metrics import Metrics
 
 log = logging.getLogger("tidal.connection")
+
+
+class Handler(Protocol):
+    """What applies requests: the engine, or, while the database loads, a stand-in."""
+
+    def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None: ...
+
+
+@dataclass(eq=False)
+class ServerState:
+    """What every connection shares with the server."""
+
+    handler: Handler
+    metrics: Metrics | None
+    connections: set[ServerConnection] = field(default_factory=set)
 
 
 class FlowControl:
@@ -66,11 +83,11 @@ AUTH_ATTEMPTS = 3
 
 
 class ServerConnection(asyncio.Protocol):
-    def __init__(self, engine: Engine, config: Config, connections: set[ServerConnection]) -> None:
-        self._engine = engine
+    def __init__(self, state: ServerState, config: Config) -> None:
+        self._state = state
         self._config = config
         self._max_inflight = config.max_inflight
-        self._connections = connections
+        self._connections = state.connections
         self._out: list[list[Any]] = []  # replies not yet written
         self._token = config.token.encode() if config.token else None
         self.authenticated = self._token is None
@@ -80,7 +97,7 @@ class ServerConnection(asyncio.Protocol):
         self.closed = False
         self.draining = False
         self.last_active = time.monotonic()
-        self._metrics = engine.metrics
+        self._metrics = state.metrics
         self._started: dict[int, tuple[str, float]] = {}  # msgid -> (method, read at)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -119,7 +136,7 @@ class ServerConnection(asyncio.Protocol):
                 log.warning("closing %s: over %d bytes before auth", self.peer, PREAUTH_BYTES)
                 self.transport.abort()
                 return
-        engine = self._engine
+        handle = self._state.handler.handle
         conn = self.conn
         now = time.monotonic()
         metrics = self._metrics
@@ -138,10 +155,10 @@ class ServerConnection(asyncio.Protocol):
                         if not self._auth(event):
                             break
                         continue
-                    engine.handle(self, event.msgid, event.method, event.params)
+                    handle(self, event.msgid, event.method, event.params)
                 elif type(event) is Notification:
                     if self.authenticated:
-                        engine.handle(self, None, event.method, event.params)
+                        handle(self, None, event.method, event.params)
                 elif type(event) is BadRequest:
                     self.inflight += 1
                     self.reply_error(event.msgid, event.code, event.message)

@@ -34,14 +34,14 @@ from .aggregates import (
 )
 from .batch import Batch, Replier
 from .cohorts import Cohort, matching
+from .health import report
 from .members import Members
 from .metrics import Metrics
 from .params import InvalidParams, SignalArgs
 from .storage import Snapshot, Storage, StorageFailure, to_db
+from .version import VERSION
 
 log = logging.getLogger("tidal.engine")
-
-VERSION: Final = "0.1.0"
 
 Handler = Callable[[Replier, int | None, list[Any]], None]
 
@@ -89,7 +89,8 @@ class Engine:
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
         self._closing = False
         self._last_checkpoint_tried = False
-        self._failed: str | None = None
+        self._failed: str | None = None  # a commit failed for good: writes refused
+        self._full: str | None = None  # the last commit found the disk full
         self._task: asyncio.Task[None] | None = None
         self._started = time.monotonic()
         self.signals = self.forwarded = 0
@@ -105,6 +106,7 @@ class Engine:
             "cohorts": self._list_cohorts,
             "counts": self._counts,
             "stats": self._stats,
+            "health": self._health,
         }
 
     # -- lifecycle -------------------------------------------------------
@@ -355,6 +357,26 @@ class Engine:
             },
         )
 
+    def _health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """Answered after a round trip through the writer: a stuck disk times it out.
+        After a full disk, the round trip carries a small write, to see if space is back."""
+        params.arity(args, "health", "none", 0, 0)
+        if msgid is None:
+            return
+        batch = self._open
+        if self._full is not None and self._failed is None and not batch.probe:
+            batch.probe = True
+            batch.writes += 1
+        batch.replies.append((conn, msgid, HealthCheck(self)))
+        self._wake()
+
+    def health(self) -> dict[str, Any]:
+        if self._failed is not None:
+            return report("failed", f"storage failed ({self._failed}); restart on a healthy disk")
+        if self._full is not None:
+            return report("full", f"the last commit failed ({self._full}); writes are refused")
+        return report("ok")
+
     # -- the writer ------------------------------------------------------
 
     async def _run(self) -> None:
@@ -404,6 +426,8 @@ class Engine:
     def _deliver(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=True)
+        if batch.writes:
+            self._full = None
         self.aggregates.absorb(batch.deltas, batch.signals)
         self.signals += batch.signals
         self.forwarded += batch.forwarded
@@ -412,7 +436,7 @@ class Engine:
             self.metrics.rejoins += batch.rejoins
         touched: dict[Replier, None] = {}
         for conn, msgid, result in batch.replies:
-            conn.reply(msgid, result.answer() if type(result) is CountsRead else result)
+            conn.reply(msgid, result.answer() if type(result) in _LATER else result)
             touched[conn] = None
         for conn in touched:
             conn.flush()
@@ -439,6 +463,7 @@ class Engine:
         self._next_seq = batch.first_seq
         self._open = Batch(self._next_seq)
         if exc.transient:
+            self._full = str(exc)
             log.error("%s; the writes in it were refused, later writes will be tried", exc)
         else:
             self._failed = str(exc)
@@ -446,8 +471,11 @@ class Engine:
         message = f"storage unavailable: {exc}; nothing of this request was saved"
         touched: dict[Replier, None] = {}
         for failed in (batch, later):
-            for conn, msgid, _ in failed.replies:
-                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
+            for conn, msgid, result in failed.replies:
+                if type(result) is HealthCheck:
+                    conn.reply(msgid, result.answer())
+                else:
+                    conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
                 touched[conn] = None
         for conn in touched:
             conn.flush()
@@ -455,6 +483,21 @@ class Engine:
 
 class _NotFound(Exception):
     pass
+
+
+class HealthCheck:
+    """A ``health`` request waiting for its writer round trip; answered as things are then."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def answer(self) -> dict[str, Any]:
+        return self.engine.health()
+
+
+_LATER: Final = (CountsRead, HealthCheck)  # replies worked out when their batch is done
 
 
 _pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack

@@ -21,7 +21,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def configure(level: str, form: str) -> None:
+def configure(level: str, form: str, libraries: str = "warning") -> None:
+    """``level`` for tidal's own loggers, ``libraries`` for everyone else's: at debug,
+    aiosqlite logs every statement, which would bury tidal's own lines."""
     handler = logging.StreamHandler(sys.stderr)
     if form == "json":
         handler.setFormatter(JsonFormatter())
@@ -29,4 +31,5 @@ def configure(level: str, form: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(libraries.upper())
+    logging.getLogger("tidal").setLevel(level.upper())

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -18,6 +19,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -46,7 +50,8 @@ class Histogram:
 
 
 class Metrics:
-    """What the server counts; ``gauges`` reads live state (connections, users left)."""
+    """What the server counts; live state (users left, health) is read from the engine,
+    which is None while the database loads."""
 
     def __init__(self) -> None:
         self.errors: dict[int, int] = {}
@@ -55,8 +60,11 @@ class Metrics:
         self.latency: dict[str, Histogram] = {}
         self.batch_size = Histogram(BATCH_BUCKETS)
         self.commit_seconds = Histogram(COMMIT_BUCKETS)
-        self.signals: Callable[[], tuple[int, int]] = lambda: (0, 0)  # (signals, forwarded)
-        self.gauges: Callable[[], tuple[int, int]] = lambda: (0, 0)  # (connections, users left)
+        self.engine: Callable[[], Engine | None] = lambda: None
+        self.connections: Callable[[], int] = lambda: 0
+
+    def bind(self, engine: Callable[[], Engine | None], connections: Callable[[], int]) -> None:
+        self.engine, self.connections = engine, connections
 
     def observe_latency(self, method: str, seconds: float) -> None:
         histogram = self.latency.get(method)
@@ -72,8 +80,13 @@ class Metrics:
         self.errors[code] = self.errors.get(code, 0) + 1
 
     def registry(self) -> CollectorRegistry:
+        """tidal's metrics, and prometheus-client's own: process_* (CPU, memory, open
+        files), python_gc_* and python_info."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self))
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         return registry
 
 
@@ -83,7 +96,20 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self.m
-        signals, forwarded = m.signals()
+        engine = m.engine()
+        signals, forwarded = (engine.signals, engine.forwarded) if engine else (0, 0)
+        storage = engine.health()["storage"] if engine else "loading"
+        yield GaugeMetricFamily(
+            "tidal_ready",
+            "1 once the database is loaded and requests are served.",
+            value=int(engine is not None),
+        )
+        yield GaugeMetricFamily(
+            "tidal_storage_up",
+            "1 while storage takes writes; 0 while loading, after a failed commit, or with the"
+            " disk full.",
+            value=int(storage == "ok"),
+        )
         yield _counter("tidal_signals", "Signals committed to the ledger.", signals)
         yield _counter(
             "tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded
@@ -107,8 +133,8 @@ class _Collector(Collector):
         yield latency
         yield _histogram("tidal_commit_batch_size", "Writes per group commit.", m.batch_size)
         yield _histogram("tidal_commit_seconds", "Duration of a group commit.", m.commit_seconds)
-        connections, users_left = m.gauges()
-        yield GaugeMetricFamily("tidal_connections", "Open connections.", value=connections)
+        yield GaugeMetricFamily("tidal_connections", "Open connections.", value=m.connections())
+        users_left = len(engine.members) if engine else 0
         yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
 
 

@@ -8,11 +8,15 @@ are stored in two's complement.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import itertools
 import logging
+import os
 import sqlite3
+import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +26,7 @@ import aiosqlite
 import msgpack
 
 from .batch import Batch
+from .errors import CorruptDatabase, DatabaseUnusable
 
 log = logging.getLogger("tidal.storage")
 
@@ -138,10 +143,6 @@ class StorageFailure(Exception):
         self.transient = transient
 
 
-class CorruptDatabase(Exception):
-    """The database failed its check at boot; the server will not serve it."""
-
-
 _RECOVER = (
     "tidal will not serve a damaged database. Restore the file (and its -wal) from a backup,"
     " or keep what can be read with: sqlite3 DB '.recover' | sqlite3 NEW.db"
@@ -176,9 +177,18 @@ class _Connection(aiosqlite.Connection):
     """aiosqlite's connection and its one thread, plus what it does not expose: running a
     whole batch as a single call there. aiosqlite pays a thread round trip per call."""
 
+    _stopping: asyncio.Future[Any] | None = None
+
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         result: T = await self._execute(fn, self._conn)  # type: ignore[no-untyped-call]
         return result
+
+    def stop(self) -> asyncio.Future[Any] | None:
+        # aiosqlite stops its thread when connecting fails, and drops the future that
+        # the thread completes: kept here, so that a failed open can wait for it
+        # rather than leave the thread to call into a closed loop.
+        self._stopping = super().stop()
+        return self._stopping
 
 
 class Storage:
@@ -191,19 +201,26 @@ class Storage:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
         location = str(path)
+        _check_writable(location)
 
         def connector() -> sqlite3.Connection:
             return sqlite3.connect(location, isolation_level=None, check_same_thread=False)
 
-        db = cast(_Connection, await _Connection(connector, iter_chunk_size=256))
+        pending = _Connection(connector, iter_chunk_size=256)
+        try:
+            db = cast(_Connection, await pending)
+        except sqlite3.Error as exc:
+            if pending._stopping is not None:
+                await pending._stopping
+            raise _explain(location, exc) from None
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
             await _check(db, location)
-            await _migrate(db)
-        except sqlite3.DatabaseError as exc:
+            await _migrate(db, location)
+        except sqlite3.Error as exc:
             await db.close()
-            raise CorruptDatabase(f"{location}: {exc}; {_RECOVER}") from exc
+            raise _explain(location, exc) from None
         except BaseException:
             await db.close()
             raise
@@ -294,6 +311,8 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
         if batch.cohorts:
             _write_cohorts(db, batch)
         _write_all(db, _KEYS, batch.keys)
+        if batch.probe:
+            db.execute(_SET_META, ("health_probe_ns", time.time_ns()))
         if batch.forget_keys_before is not None:
             db.execute("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
         if batch.checkpoint is not None:
@@ -354,12 +373,38 @@ def _write_cohorts(db: sqlite3.Connection, batch: Batch) -> None:
         db.execute(_SET_META, ("next_cohort_id", batch.next_cohort_id))
 
 
-async def _migrate(db: aiosqlite.Connection) -> None:
+def _check_writable(location: str) -> None:
+    """A read-only file is healthy, not damaged: say so before SQLite calls it a failure."""
+    if os.path.exists(location) and not os.access(location, os.W_OK):
+        mode = stat.filemode(os.stat(location).st_mode)
+        raise DatabaseUnusable(
+            f"{location} is read-only ({mode}) for uid {os.getuid()}; tidal needs to write it"
+            " (check its mode, owner and mount)"
+        )
+
+
+def _explain(location: str, exc: sqlite3.Error) -> Exception:
+    """The operator's view of a failure to open: damage is told apart from everything else."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return CorruptDatabase(f"{location}: {exc}; {_RECOVER}")
+    if code == sqlite3.SQLITE_READONLY:
+        return DatabaseUnusable(
+            f"{location} is read-only ({exc}); tidal needs to write it and the files beside it"
+            " (check the mode, owner and mount of the file and its directory)"
+        )
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return DatabaseUnusable(f"{location} is locked by another program ({exc}); stop it first")
+    return DatabaseUnusable(f"{location} cannot be opened: {exc}")
+
+
+async def _migrate(db: aiosqlite.Connection, location: str) -> None:
     ((version,),) = await db.execute_fetchall("PRAGMA user_version")
     if version > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"database schema version {version} is newer than this tidal ({SCHEMA_VERSION});"
-            " upgrade tidal"
+        raise DatabaseUnusable(
+            f"{location} has schema version {version}, newer than this tidal understands"
+            f" ({SCHEMA_VERSION}): it was written by a newer tidal; run that version, or restore"
+            " a backup taken before the upgrade"
         )
     for target in range(version, SCHEMA_VERSION):
         await db.execute("BEGIN IMMEDIATE")

@@ -12,7 +12,7 @@ import pytest
 
 from tidal.client import Client
 from tidal.server import Config, Server
-from tidal.server.backup import backup
+from tidal.server.backup import BackupFailed, backup
 
 from .conftest import ServerProcess
 
@@ -99,7 +99,7 @@ def test_backup_never_overwrites_and_says_why(db_path: Path, tmp_path: Path) -> 
     )
     assert done.returncode == 2 and "never overwrites" in done.stderr
     assert taken.read_bytes() == b"keep me"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(BackupFailed, match="no database at"):
         backup(tmp_path / "missing.db", tmp_path / "new.db")
 
 

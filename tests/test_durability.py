@@ -15,6 +15,7 @@ import pytest
 from tidal.client import Client, ConnectionLost, Signal, Unavailable
 from tidal.server import Config, Server
 from tidal.server.batch import Batch
+from tidal.server.errors import DatabaseUnusable
 from tidal.server.storage import SCHEMA_VERSION, StorageFailure
 
 from .conftest import ServerProcess
@@ -205,5 +206,5 @@ async def test_schema_is_versioned(db_path: Path) -> None:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    with pytest.raises(RuntimeError, match="newer than this tidal"):
+    with pytest.raises(DatabaseUnusable, match="newer than this tidal"):
         await Server(Config(port=0, db=str(db_path))).start()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from tidal.client import Client
+from tidal.client import Client, ConnectFailed
 from tidal.server import Config, Server
 
 
@@ -41,8 +41,9 @@ async def test_a_client_that_trusts_the_ca_talks_tls(tls_server: Server, ca: tru
 
 
 async def test_a_client_that_does_not_trust_it_is_refused(tls_server: Server) -> None:
-    with pytest.raises(ssl.SSLCertVerificationError):
+    with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED") as refused:
         await Client.connect(*tls_server.address, ssl=ssl.create_default_context())
+    assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
 
 
 async def test_plain_text_to_a_tls_port_is_dropped_and_harms_nothing(
