@@ -25,8 +25,9 @@ ENV TIDAL_HOST=0.0.0.0 \
     TIDAL_LOG_FORMAT=json \
     PYTHONUNBUFFERED=1
 EXPOSE 7411
+# Healthy only when the database is loaded and storage takes writes (see README, Health).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["tidal", "call", "--host", "127.0.0.1", "--timeout", "3", "ping"]
+    CMD ["tidal", "health", "--host", "127.0.0.1", "--timeout", "3"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tidal"]
 CMD ["serve"]

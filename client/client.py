@@ -224,7 +224,7 @@ class Client:
             if self._protocol.lost is None:
                 return self._protocol
             delay = RECONNECT_FIRST_DELAY
-            failure: Exception = ConnectionLost("no reconnect attempts allowed")
+            failure: Exception = self._protocol.lost or ConnectionLost("connection lost")
             for _ in range(self._reconnect_attempts):
                 try:
                     self._protocol = await self._dial()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import aio_msgpack_rpc
 import pytest
@@ -13,9 +15,12 @@ import pytest
 from tidal.client import (
     CallTimeout,
     Client,
+    ConnectFailed,
     ConnectionLost,
+    InvalidArgument,
     InvalidParams,
     MethodNotFound,
+    RequestTooLarge,
     ServerError,
     Signal,
     TidalError,
@@ -23,6 +28,7 @@ from tidal.client import (
 from tidal.server import Server
 
 from .conftest import ServerProcess
+from .test_security import started
 
 
 async def test_pipelined_calls_on_one_connection_match_their_replies(client: Client) -> None:
@@ -151,3 +157,54 @@ async def test_tidal_call_prints_json_and_fails_on_errors(process: ServerProcess
     await process.stop()
     done = await asyncio.to_thread(run_cli, port, "ping")
     assert done.returncode == 2 and "cannot reach tidal" in done.stderr
+
+
+async def test_every_error_a_call_can_raise_is_a_tidal_error(server: Server) -> None:
+    async with await Client.connect(*server.address) as c:
+        with pytest.raises(RequestTooLarge, match="exceeds the limit") as large:
+            await c.signal(1, "x" * 9_000_000, "view")
+        with pytest.raises(InvalidArgument, match="user_id") as huge:
+            await c.status(2**64)
+        with pytest.raises(InvalidArgument, match="cannot encode") as odd:
+            await c.call("signal", 1, "e", "view", 1.0, {"attrs": {"a": object()}})
+        for error in (large, huge, odd):
+            assert isinstance(error.value, TidalError)
+        assert isinstance(huge.value, ValueError)  # what it was before, still true
+        assert await c.ping() == "pong"  # nothing was sent: the connection is fine
+    with pytest.raises(ConnectFailed) as refused:
+        await Client.connect("127.0.0.1", closed_port())
+    assert isinstance(refused.value, TidalError) and isinstance(refused.value, ConnectionError)
+
+
+async def test_the_server_s_reason_for_closing_reaches_the_caller(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await started(db_path, max_connections=1)
+    try:
+        async with await Client.connect(*server.address) as first:
+            assert await first.ping() == "pong"
+            async with await Client.connect(*server.address, reconnect=1) as second:
+                with pytest.raises(ConnectionLost, match="too many connections"):
+                    await second.leave(1)
+        assert any("too many connections" in r.getMessage() for r in caplog.records)
+    finally:
+        await server.shutdown()
+
+
+async def test_reads_recover_after_the_server_restarts(process: ServerProcess) -> None:
+    process.extra = ("--port", str(closed_port()))
+    await process.start()
+    async with await process.connect() as c:
+        assert (await c.leave(7)).status == "left"
+        await process.stop()
+        await process.start()
+        assert (await c.status(7)).status == "left"
+        assert (await c.counts("e")).ledger == {}
+
+
+def closed_port() -> int:
+    """A port nothing listens on (just now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

@@ -97,11 +97,34 @@ def test_the_compose_file_and_dockerfile_pass_their_linters() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_prometheus_is_published_on_loopback_unless_asked() -> None:
+    compose = need(
+        "docker-compose", "apt-get install docker-compose (make test installs it as root)"
+    )
+    env = dict(os.environ, TIDAL_TOKEN="t")
+    env.pop("PROMETHEUS_BIND", None)
+    for bind, expected in ((None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
+        if bind is not None:
+            env["PROMETHEUS_BIND"] = bind
+        done = subprocess.run(
+            [compose, "--profile", "monitoring", "config"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        ports = yaml.safe_load(done.stdout)["services"]["prometheus"]["ports"]
+        published = [p if isinstance(p, str) else p.get("host_ip", "0.0.0.0") for p in ports]
+        assert len(published) == 1 and expected in published[0], ports
+
+
 def test_the_image_as_built_runs_healthy_with_the_compose_settings(tmp_path: Path) -> None:
     build, final = stages()
     compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     service = compose["services"]["tidal"]
     assert "tidal-data:/data" in service["volumes"] and service["restart"] == "unless-stopped"
+    assert service["environment"]["TIDAL_METRICS_PORT"] != "9100", "node_exporter's port"
     instructions = dict(final)
     assert instructions["USER"] != "root" and instructions["STOPSIGNAL"] == "SIGTERM"
     assert "7411" in instructions["EXPOSE"] and "/data" in instructions["VOLUME"]
@@ -174,10 +197,11 @@ def test_the_image_as_built_runs_healthy_with_the_compose_settings(tmp_path: Pat
             pytest.fail(f"the server exited with {server.wait()}")
         health = exec_form(instructions["HEALTHCHECK"].split("CMD", 1)[1].strip())
         assert health == service["healthcheck"]["test"][1:], "compose and image checks differ"
+        assert health[:2] == ["tidal", "health"], "the health check must reflect storage"
         done = subprocess.run(
             [str(venv / "bin" / health[0]), *health[1:]], env=env, capture_output=True, text=True
         )
-        assert done.returncode == 0 and done.stdout.strip() == '"pong"', done.stderr
+        assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
         scrape_port = env["TIDAL_METRICS_PORT"]
         prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
         assert prometheus["scrape_configs"][0]["static_configs"][0]["targets"] == [

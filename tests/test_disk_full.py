@@ -69,8 +69,13 @@ async def test_a_full_disk_refuses_writes_serves_reads_and_recovers(small_disk: 
             assert (await other.status(1)).status == "left"
             assert (await c.counts("e")).ledger["view"].count == len(acked)
             assert await other.ping() == "pong"
-            # space comes back: writes resume, no restart
+            # health says so, and keeps saying so while the disk stays full
+            for _ in range(2):
+                health = await other.health()
+                assert health["status"] == "failing" and health["storage"] == "full", health
+            # space comes back: health finds out with a write of its own, writes resume
             filler.unlink()
+            assert (await other.health())["status"] == "ok"
             assert (await c.rejoin(1)).status == "active"
             after = await c.signal(10_000, "e", "view")
             acked.append(after.seq)

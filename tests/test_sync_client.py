@@ -12,12 +12,16 @@ import pytest
 
 from tidal.client import (
     CallTimeout,
+    ConnectFailed,
     ConnectionLost,
+    InvalidArgument,
     InvalidParams,
     Membership,
+    RequestTooLarge,
     Signal,
     SyncClient,
     Tally,
+    TidalError,
 )
 
 from .conftest import BlockingServer
@@ -93,3 +97,52 @@ def test_keyed_signals_survive_a_crash_of_the_server(db_path: Path) -> None:
     assert len(set(seqs)) == 200
     with sqlite3.connect(db_path) as db:
         assert db.execute("SELECT COUNT(*) FROM ledger").fetchone() == (200,)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_calls_recover_after_the_server_restarts(db_path: Path, how: signal.Signals) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = BlockingServer(db_path, "--port", str(port)).start()
+    try:
+        with SyncClient("127.0.0.1", port, timeout=10) as tidal:
+            assert tidal.leave(7).status == "left"
+            server.stop(how)
+            server.start()
+            assert tidal.status(7).status == "left"  # the first call after the restart
+            server.stop(how)
+            server.start()
+            assert tidal.leave(8).status == "left"  # a write too: the drop was seen first
+    finally:
+        server.stop()
+
+
+def test_every_error_a_call_can_raise_is_a_tidal_error(blocking_server: BlockingServer) -> None:
+    with SyncClient("127.0.0.1", blocking_server.port, timeout=10) as tidal:
+        with pytest.raises(RequestTooLarge, match="exceeds the limit") as large:
+            tidal.signal(1, "x" * 9_000_000, "view")
+        with pytest.raises(InvalidArgument, match="user_id") as huge:
+            tidal.status(2**64)
+        assert isinstance(large.value, TidalError) and isinstance(huge.value, TidalError)
+        assert tidal.ping() == "pong"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectFailed) as refused:
+        SyncClient("127.0.0.1", port, reconnect=0)
+    assert isinstance(refused.value, TidalError) and isinstance(refused.value, ConnectionError)
+
+
+def test_the_server_s_reason_for_closing_reaches_the_caller(db_path: Path) -> None:
+    server = BlockingServer(db_path, "--max-connections", "1").start()
+    try:
+        with SyncClient("127.0.0.1", server.port, timeout=10) as first:
+            assert first.ping() == "pong"
+            with (
+                SyncClient("127.0.0.1", server.port, timeout=10, reconnect=1) as second,
+                pytest.raises(ConnectionLost, match="too many connections"),
+            ):
+                second.leave(1)
+    finally:
+        server.stop()

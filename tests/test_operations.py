@@ -1,0 +1,266 @@
+"""An operator's day one: one server per database, and every mistake told in one line.
+
+Each start here is a real ``tidal serve`` (or tool) in a child process; a refused
+start must exit 2 with the cause on one line, no traceback, and nothing changed
+on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from tidal.server.storage import SCHEMA_VERSION
+
+from .conftest import ServerProcess
+
+
+def tidal(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.server", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def refused(done: subprocess.CompletedProcess[str], *words: str, code: int = 2) -> str:
+    """The one line of a refused start: the exit code, no traceback, the cause named."""
+    assert done.returncode == code, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    causes = [
+        line
+        for line in done.stderr.splitlines()
+        if " INFO " not in line and not line.startswith("warning:")
+    ]
+    assert len(causes) == 1, done.stderr
+    for word in words:
+        assert word in causes[0], causes[0]
+    return causes[0]
+
+
+def files(folder: Path) -> dict[str, str]:
+    """What is in a folder, by content: to show a refused start changed nothing."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def serve(
+    db: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return tidal("serve", "--port", "0", "--db", str(db), *extra, env=env)
+
+
+# -- one server per database ---------------------------------------------------
+
+
+async def test_a_second_server_on_the_same_database_refuses_and_changes_nothing(
+    process: ServerProcess, tmp_path: Path
+) -> None:
+    await process.start()
+    assert process.proc is not None
+    async with await process.connect() as first:
+        await first.leave(5)
+        before = files(tmp_path)
+        # the same file, named directly and through a link: both refused
+        link = tmp_path / "elsewhere"
+        link.mkdir()
+        (link / "same.db").symlink_to(process.db)
+        for name in (process.db, link / "same.db"):
+            done = await asyncio.to_thread(serve, name)
+            refused(done, f"pid {process.proc.pid}", f"{process.db}.lock", "another tidal")
+        (link / "same.db").unlink()
+        link.rmdir()
+        assert files(tmp_path) == before  # no migration, no file, not a byte
+        # the first one still serves, and still gates
+        assert (await first.status(5)).status == "left"
+        assert (await first.signal(5, "ent", "view", communities=["c"])).forwarded is False
+        assert (await first.leave(6)).status == "left"
+        # and a backup still reads beside it
+        done = await asyncio.to_thread(
+            tidal, "backup", str(tmp_path / "copy.db"), "--db", str(process.db)
+        )
+        assert done.returncode == 0, done.stderr
+    with sqlite3.connect(tmp_path / "copy.db") as copy:
+        assert copy.execute("SELECT COUNT(*) FROM memberships WHERE left = 1").fetchone() == (2,)
+
+
+async def test_a_kill_9_leaves_no_lock_behind(process: ServerProcess) -> None:
+    await process.start()
+    await process.kill9()
+    lock = Path(f"{process.db}.lock")
+    assert await asyncio.to_thread(lock.exists)  # the file stays; the lock died with the process
+    await process.start()
+    async with await process.connect() as c:
+        assert await c.ping() == "pong"
+
+
+# -- mistakes, each in one line ------------------------------------------------
+
+
+def test_a_database_in_a_missing_directory(tmp_path: Path) -> None:
+    done = serve(tmp_path / "no" / "such" / "t.db")
+    refused(done, "--db", f"{tmp_path / 'no' / 'such'} does not exist")
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.fixture
+def read_only_disk(tmp_path: Path) -> Iterator[Path]:
+    """A healthy database on a file system mounted read-only (a real tmpfs, remounted)."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"this test mounts a tmpfs and needs root to: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_read_only_database_is_called_read_only_not_damaged(read_only_disk: Path) -> None:
+    db = read_only_disk / "t.db"
+    made = sqlite3.connect(db)
+    made.execute("CREATE TABLE t (x)")
+    made.close()  # a file open for writing would keep the remount from happening
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only_disk)], check=True)
+    line = refused(serve(db), "read-only")
+    assert "damaged" not in line and "recover" not in line
+
+
+def test_a_database_from_a_newer_tidal(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    with sqlite3.connect(db) as made:
+        made.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    refused(serve(db), "newer", str(db))
+
+
+def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = tidal("serve", "--port", str(port), "--db", str(tmp_path / "t.db"))
+    refused(done, f"127.0.0.1:{port}", "in use")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("TIDAL_LOG_LEVEL", "verbose", "TIDAL_LOG_LEVEL='verbose': must be one of debug"),
+        ("TIDAL_MAX_CONNECTIONS", "abc", "TIDAL_MAX_CONNECTIONS='abc': must be an integer"),
+        ("TIDAL_IDLE_TIMEOUT", "soon", "TIDAL_IDLE_TIMEOUT='soon': must be a number"),
+        ("TIDAL_PORT", "99999", "TIDAL_PORT='99999': port must be in 0..65535"),
+        ("TIDAL_DURABILITY", "sometimes", "TIDAL_DURABILITY='sometimes': must be one of full"),
+    ],
+)
+def test_a_bad_environment_value_names_the_variable(
+    tmp_path: Path, variable: str, value: str, says: str
+) -> None:
+    done = tidal("serve", "--db", str(tmp_path / "t.db"), env={variable: value})
+    refused(done, says)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_environment_choices_ignore_case(db_path: Path) -> None:
+    proc = ServerProcess(db_path)
+    os.environ["TIDAL_LOG_FORMAT"] = "JSON"
+    try:
+        await proc.start()
+    finally:
+        del os.environ["TIDAL_LOG_FORMAT"]
+    await proc.stop()
+    assert json.loads(proc.log[0])["logger"] == "tidal.server"
+
+
+def test_a_backup_into_a_missing_directory_names_it(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    with sqlite3.connect(db) as made:
+        made.execute("CREATE TABLE t (x)")
+    refused(tidal("backup", "/no/such/dir/b.db", "--db", str(db)), "/no/such/dir", "not exist")
+
+
+# -- tidal call and friends ------------------------------------------------------
+
+
+async def test_tidal_call_sends_what_was_typed(process: ServerProcess) -> None:
+    await process.start()
+    port = ["--port", str(process.port)]
+
+    def call(*args: str) -> subprocess.CompletedProcess[str]:
+        return tidal("call", *port, *args)
+
+    done = await asyncio.to_thread(call, "signal", "1", "x", "view", '{"communities": ["j"],}')
+    line = refused(done, "argument 4 is not valid JSON", "column 23")
+    assert "context" not in line  # refused here, not by the server
+    done = await asyncio.to_thread(call, "signal", "18446744073709551616", "x", "view")
+    refused(done, "argument 1", "2**64-1")
+    # an entity of digits, forced to a string as JSON says strings are written
+    done = await asyncio.to_thread(call, "signal", "1", '"17"', "view")
+    assert done.returncode == 0 and json.loads(done.stdout)["forwarded"] is True, done.stderr
+    done = await asyncio.to_thread(call, "counts", '"17"')
+    assert json.loads(done.stdout)["ledger"]["view"]["count"] == 1
+    done = await asyncio.to_thread(call, "counts", "17")  # an int: the server says so
+    assert done.returncode == 1 and "entity: must be a string, got int" in done.stderr
+
+
+def test_tidal_version_is_the_installed_one() -> None:
+    done = tidal("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"tidal {version('tidal')}"
+
+
+async def test_the_token_from_a_file_for_the_server_and_the_tools(
+    db_path: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("from-a-file\n")  # as secrets files usually end
+    proc = ServerProcess(db_path, "--token-file", str(secret))
+    await proc.start()
+    try:
+        port = str(proc.port)
+        done = await asyncio.to_thread(
+            tidal, "call", "--port", port, "ping", env={"TIDAL_TOKEN_FILE": str(secret)}
+        )
+        assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+        done = await asyncio.to_thread(tidal, "call", "--port", port, "--token", "x", "ping")
+        assert done.returncode == 1 and "visible" not in done.stderr
+        assert done.stderr.startswith("warning: a token given with --token can be read by any")
+        both = {"TIDAL_TOKEN": "a", "TIDAL_TOKEN_FILE": str(secret)}
+        done = await asyncio.to_thread(tidal, "call", "--port", port, "ping", env=both)
+        refused(done, "TIDAL_TOKEN and TIDAL_TOKEN_FILE are both set")
+        done = await asyncio.to_thread(
+            tidal, "call", "--port", port, "ping", env={"TIDAL_TOKEN_FILE": "/no/such/token"}
+        )
+        refused(done, "TIDAL_TOKEN_FILE /no/such/token")
+    finally:
+        await proc.stop()
+
+
+async def test_debug_logs_are_tidal_s_own(db_path: Path) -> None:
+    proc = ServerProcess(db_path, "--log-level", "debug")
+    await proc.start()
+    async with await proc.connect() as c:
+        await c.signal(1, "e", "view")
+    await proc.stop()
+    log = b"".join(proc.log).decode()
+    assert "DEBUG tidal.connection: connection from" in log
+    assert "aiosqlite" not in log
