@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -21,6 +22,24 @@ from tidal.client import Client
 from tidal.server import Config, Server
 
 LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real, small file system of our own (tmpfs), so that it can be filled or made read-only."""
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"this test mounts a tmpfs and needs root to: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,23 +11,13 @@ import pytest
 from tidal.client import Client, Unavailable
 from tidal.server import Config, Server
 
+from .conftest import tmpfs
+
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"this test mounts a tmpfs and needs root to: {done.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "3m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(disk: Path, leave: int) -> Path:

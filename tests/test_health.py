@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,7 @@ async def test_a_healthy_server_says_ok_everywhere(db_path: Path) -> None:
     try:
         async with await Client.connect(*server.address) as c:
             assert await c.health() == {"status": "ok", "storage": "ok"}
+            assert (await c.stats())["version"] == version("tidal")  # from the package
         done = await asyncio.to_thread(health_cli, server.address[1])
         assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
         text = await asyncio.to_thread(scrape, server.metrics_port)

@@ -23,7 +23,7 @@ import pytest
 
 from tidal.server.storage import SCHEMA_VERSION
 
-from .conftest import ServerProcess
+from .conftest import ServerProcess, tmpfs
 
 
 def tidal(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -119,21 +119,9 @@ def test_a_database_in_a_missing_directory(tmp_path: Path) -> None:
 
 @pytest.fixture
 def read_only_disk(tmp_path: Path) -> Iterator[Path]:
-    """A healthy database on a file system mounted read-only (a real tmpfs, remounted)."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"this test mounts a tmpfs and needs root to: {done.stderr.strip()}")
-    try:
+    """A healthy database's file system, to be remounted read-only (a real tmpfs)."""
+    with tmpfs(tmp_path / "ro", "8m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_read_only_database_is_called_read_only_not_damaged(read_only_disk: Path) -> None:
