@@ -353,7 +353,7 @@ class Engine:
                 "gated": signals - self.forwarded,
                 "users_left": len(self.members),
                 "commits": self._storage.commits,
-                "storage": "failed" if self._failed else "ok",
+                "storage": self.health()["storage"],
             },
         )
 
