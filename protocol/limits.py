@@ -13,3 +13,6 @@ MAX_PREDICATE_VALUES: Final = 256
 MAX_BATCH: Final = 10_000
 MAX_COHORTS: Final = 1_000  # every forwarded signal is matched against each one
 KEY_MAX_BYTES: Final = 64  # a signal's idempotency key, context "id"
+#: |weight| at most this: a sum of 2**63 of them (more signals than seqs exist) stays
+#: far below a float's overflow, so no aggregate can become inf, or NaN from inf - inf.
+WEIGHT_MAX: Final = 1e12

@@ -15,12 +15,15 @@ for those, like any read that can see a write).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 import msgpack
+
+from tidal.protocol.limits import WEIGHT_MAX
 
 LEDGER, COHORT, COMMUNITY = 0, 1, 2
 
@@ -137,6 +140,10 @@ class Aggregates:
         live = self.live
         count = 0
         for entity, kind, weight, forwarded, context in rows:
+            if not -WEIGHT_MAX <= weight <= WEIGHT_MAX:
+                # written by a tidal that did not bound weights: counted at the bound, so
+                # that no sum becomes inf - inf = NaN, which no checkpoint could store
+                weight = math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
             slots: list[Slot] = [(LEDGER, "", kind)]
             if forwarded and context is not None:
                 communities, _, cohorts = msgpack.unpackb(context, raw=False)

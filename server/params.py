@@ -21,6 +21,7 @@ from tidal.protocol.limits import (
     MAX_PREDICATE_VALUES,
     NAME_MAX_BYTES,
     USER_ID_MAX,
+    WEIGHT_MAX,
 )
 from tidal.protocol.messages import new_tuple
 
@@ -74,11 +75,16 @@ def text(value: object, where: str, max_bytes: int) -> str:
 
 
 def weight(value: object, where: str = "weight") -> float:
-    if type(value) is int:
+    if (type(value) is int or type(value) is float) and -WEIGHT_MAX <= value <= WEIGHT_MAX:
         return float(value)
-    if type(value) is float and math.isfinite(value):
-        return value
-    raise InvalidParams(f"{where}: must be a finite number, got {_describe(value)}")
+    if type(value) is int or type(value) is float:  # NaN fails both comparisons
+        got = repr(value)
+    else:
+        got = _describe(value)
+    raise InvalidParams(f"{where}: must be a number in {_WEIGHTS}, got {got}")
+
+
+_WEIGHTS: Final = f"-{WEIGHT_MAX:.0e}..{WEIGHT_MAX:.0e}"
 
 
 def scalar(value: object, where: str) -> Scalar:
@@ -122,7 +128,7 @@ def signal(params: list[Any], where: str = "") -> SignalArgs:
     if len(params) == 3:
         return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS, None))
     w = params[3]
-    if type(w) is not float or not math.isfinite(w):
+    if type(w) is not float or not -WEIGHT_MAX <= w <= WEIGHT_MAX:
         w = weight(w, f"{where}weight")
     if len(params) == 4 or params[4] is None:
         return new_tuple(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS, None))
