@@ -236,7 +236,9 @@ class Engine:
         keys[key] = ack  # at the end: the dict stays oldest first
         batch.keys.append((key, *ack))
         if len(keys) > self._max_keys:
-            del keys[next(iter(keys))]
+            # O(1) in an OrderedDict; a dict's first key is found past every slot
+            # deleted before it, so evicting that way slows with every eviction
+            keys.popitem(last=False)
 
     def _forget_old_keys(self, batch: Batch) -> None:
         """Drop keys past the window, from memory now and from the table with ``batch``."""
@@ -246,7 +248,7 @@ class Engine:
             oldest = next(iter(keys))
             if keys[oldest][2] >= cutoff:
                 break
-            del keys[oldest]
+            keys.popitem(last=False)
         batch.forget_keys_before = cutoff
 
     def _leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:

@@ -17,6 +17,7 @@ import os
 import sqlite3
 import stat
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,7 +171,7 @@ class Snapshot:
     watermark: int
     ledger_tail: list[tuple[str, str, float, int, bytes | None]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
-    keys: dict[str, tuple[int, bool, int]]
+    keys: OrderedDict[str, tuple[int, bool, int]]
 
 
 class _Connection(aiosqlite.Connection):
@@ -280,7 +281,7 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
         " ORDER BY ts_ns DESC LIMIT ?",
         (keys_since_ns, max_keys),
     ).fetchall()
-    keys = {key: (seq, bool(fwd), ts) for key, seq, fwd, ts in reversed(newest_keys)}
+    keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
     return Snapshot(
         left,
         rejoined,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import sqlite3
+import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,24 @@ def test_a_version_1_database_is_migrated(db_path: Path) -> None:
     with sqlite3.connect(db_path) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         assert db.execute("SELECT key FROM signal_keys").fetchall() == [("k",)]
+
+
+async def test_keys_past_the_cap_cost_what_keys_below_it_cost(db_path: Path) -> None:
+    """Evicting the oldest key must be O(1) at any size: with a plain dict it scans every
+    slot deleted before the first live one, and each batch past the cap got slower."""
+    cap = 100_000
+    server = Server(Config(port=0, db=str(db_path), idempotency_max_keys=cap))
+    await server.start()
+    seconds = []
+    try:
+        async with await Client.connect(*server.address, timeout=60) as c:
+            for b in range(18):
+                batch = [Signal(i, "k", "view", key=f"{b}-{i}") for i in range(10_000)]
+                began = time.perf_counter()
+                await c.signal_batch(batch)
+                seconds.append(time.perf_counter() - began)
+    finally:
+        await server.shutdown()
+    below = statistics.median(seconds[1:9])  # the first pays for warming up
+    past = statistics.median(seconds[-4:])  # every signal here evicts one key
+    assert past < 2.5 * below, [round(s, 3) for s in seconds]
