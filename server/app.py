@@ -193,9 +193,8 @@ class Server:
             await asyncio.sleep(timeout / 4)  # a schedule, not a synchronisation
             cutoff = time.monotonic() - timeout
             for conn in list(self.connections):
-                if conn.last_active < cutoff and conn.inflight == 0:
-                    log.info("closing %s: idle for over %ss", conn.peer, timeout)
-                    conn.transport.close()
+                if conn.last_active < cutoff and conn.inflight == 0 and not conn.closed:
+                    conn.close_idle(timeout)
 
     async def shutdown(self) -> None:
         """Stop accepting and reading, commit and answer what was read, then close everything."""

@@ -259,6 +259,24 @@ class ServerConnection(asyncio.Protocol):
                     parts.append(self.conn.send_responses([[RESPONSE, reply[1], error, None]]))
             return b"".join(parts)
 
+    def close_idle(self, timeout: float) -> None:
+        """Close a connection that sent nothing for ``timeout``. One whose replies are still
+        unsent is aborted: a peer that has not read them will not, and a polite close
+        would wait for ever to flush them, holding its place under --max-connections."""
+        self.closed = True
+        unsent = self.transport.get_write_buffer_size()
+        if unsent:
+            log.info(
+                "aborting %s: idle for over %ss, %d bytes of replies unread",
+                self.peer,
+                timeout,
+                unsent,
+            )
+            self.transport.abort()
+        else:
+            log.info("closing %s: idle for over %ss", self.peer, timeout)
+            self.transport.close()
+
     def drain(self) -> None:
         """Stop reading for shutdown; requests already read are still answered."""
         self.draining = True

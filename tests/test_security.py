@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -244,3 +245,33 @@ def test_settings_that_cannot_work_stop_the_start(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "max_message_size: at least 1024 bytes; idle_timeout: more than 0" in done.stderr
+
+
+async def test_idle_clients_that_never_read_are_closed_and_free_their_places(
+    db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tidal")
+    server = await started(db_path, idle_timeout=0.5, max_connections=4)
+    pings = b"".join(msgpack.packb([0, i, "ping", []]) for i in range(1_000_000))
+    writers = []
+    try:
+        for _ in range(4):  # each pipelines 1M pings and never reads a reply
+            _, writer = await asyncio.open_connection(*server.address)
+            writer.transport.set_write_buffer_limits(high=len(pings) + 1)
+            writer.write(pings)
+            writers.append(writer)
+        # each writer still has pings to send, so it hears of the server's abort
+        closing = [w.wait_closed() for w in writers]
+        try:
+            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 15)
+        except TimeoutError:
+            pytest.fail("clients that never read were never closed: they keep their places")
+        assert not server.connections
+        async with await Client.connect(*server.address) as newcomer:
+            assert await newcomer.ping() == "pong"
+        idle = [r.getMessage() for r in caplog.records if "idle for over" in r.getMessage()]
+        assert len(idle) == 4, idle  # once each
+    finally:
+        for writer in writers:
+            writer.transport.abort()
+        await server.shutdown()
