@@ -96,6 +96,7 @@ class ServerConnection(asyncio.Protocol):
         self.inflight = 0
         self.closed = False
         self.draining = False
+        self._eof = False
         self.last_active = time.monotonic()
         self._metrics = state.metrics
         self._started: dict[int, tuple[str, float]] = {}  # msgid -> (method, read at)
@@ -120,6 +121,13 @@ class ServerConnection(asyncio.Protocol):
         self.closed = True
         self._connections.discard(self)
         log.debug("connection from %s closed%s", self.peer, f": {exc}" if exc else "")
+
+    def eof_received(self) -> bool:
+        """The client has sent all it will (a half-close): what it sent is still applied
+        and answered, as at shutdown, and the connection closes once nothing is owed."""
+        self._eof = True
+        self.draining = True
+        return self.inflight > 0  # True keeps our side open for the replies to come
 
     def pause_writing(self) -> None:
         self.flow.blocked(True)
@@ -242,8 +250,10 @@ class ServerConnection(asyncio.Protocol):
                     self.closed = True
                     self.transport.abort()
             self._out = []
-        if self.inflight <= self._max_inflight // 2:
+        if self.inflight <= self._max_inflight // 2 and not self.draining:
             self.flow.busy(False)
+        if self._eof and self.inflight == 0 and not self.transport.is_closing():
+            self.transport.close()  # a half-closed client has had every answer
 
     def _encode(self, replies: list[list[Any]]) -> bytes:
         try:

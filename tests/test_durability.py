@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import random
 import signal
 import sqlite3
@@ -10,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from tidal.client import Client, ConnectionLost, Signal, Unavailable
@@ -208,3 +210,21 @@ async def test_schema_is_versioned(db_path: Path) -> None:
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     with pytest.raises(DatabaseUnusable, match="newer than this tidal"):
         await Server(Config(port=0, db=str(db_path))).start()
+
+
+async def test_a_client_that_half_closes_gets_every_answer(server: Server) -> None:
+    """[ping, signal, leave, status], then shutdown(SHUT_WR): all four are answered."""
+    reader, writer = await asyncio.open_connection(*server.address)
+    for msgid, (method, params) in enumerate(
+        [("ping", []), ("signal", [9, "half", "view"]), ("leave", [9]), ("status", [9])]
+    ):
+        writer.write(msgpack.packb([0, msgid, method, params]))
+    writer.write_eof()
+    replies = list(msgpack.Unpacker(io.BytesIO(await asyncio.wait_for(reader.read(), 10))))
+    writer.close()
+    assert [r[1] for r in sorted(replies, key=lambda r: r[1])] == [0, 1, 2, 3], replies
+    by_id = {r[1]: r for r in replies}
+    assert by_id[1][3]["forwarded"] is True and by_id[2][3]["status"] == "left"
+    assert by_id[3][3]["status"] == "left"
+    async with await Client.connect(*server.address) as c:
+        assert (await c.counts("half")).ledger["view"].count == 1
