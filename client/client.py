@@ -302,11 +302,20 @@ class Client:
         return bool(await self.call("drop_cohort", name))
 
     async def cohorts(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = await self._send(requests.read("cohorts"))
-        return result
+        """Every cohort, read in pages that each fit a message."""
+        return await self._pages("cohorts", None, requests.read("cohorts", {}))
 
     async def counts(self, entity: str) -> Counts:
-        return Counts.from_wire(await self._send(requests.read("counts", entity)))
+        """An entity's aggregates, all of them: a busy entity's are read in pages."""
+        return Counts.from_wire(
+            await self._pages("counts", entity, requests.read("counts", entity))
+        )
+
+    async def _pages(self, method: str, first: Any, call: requests.Call | None) -> dict[str, Any]:
+        into: dict[str, Any] = {}
+        while call is not None:
+            call = requests.next_page(method, first, await self._send(call), into)
+        return into
 
     async def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._send(requests.read("stats"))

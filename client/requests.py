@@ -63,6 +63,28 @@ def read(method: str, *params: Any) -> Call:
     return Call(method, list(params), True)
 
 
+def next_page(method: str, first: Any, result: dict[str, Any], into: dict[str, Any]) -> Call | None:
+    """Merge one page of ``counts`` or ``cohorts`` into ``into``; the call for the next
+    page, or None after the last. Pages are read one after another: together they are
+    not one snapshot if writes land in between."""
+    if method == "cohorts":
+        into.update(result["cohorts"])
+        more = result["more"]
+    else:
+        for layer in ("ledger", "cohorts", "communities"):
+            mine = into.setdefault(layer, {})
+            for name, value in result[layer].items():
+                if layer == "ledger":
+                    mine[name] = value
+                else:
+                    mine.setdefault(name, {}).update(value)  # a name's kinds may span pages
+        more = result.get("more")
+    if more is None:
+        return None
+    page = {"after": more}
+    return read(method, page) if first is None else read(method, first, page)
+
+
 def checked_user_id(value: int) -> int:
     """Refuse here what MessagePack could not carry, before anything is sent."""
     if type(value) is not int or not 0 <= value <= USER_ID_MAX:

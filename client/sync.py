@@ -262,11 +262,18 @@ class SyncClient:
         return bool(self.call("drop_cohort", name))
 
     def cohorts(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = self._send(requests.read("cohorts"))
-        return result
+        """Every cohort, read in pages that each fit a message."""
+        return self._pages("cohorts", None, requests.read("cohorts", {}))
 
     def counts(self, entity: str) -> Counts:
-        return Counts.from_wire(self._send(requests.read("counts", entity)))
+        """An entity's aggregates, all of them: a busy entity's are read in pages."""
+        return Counts.from_wire(self._pages("counts", entity, requests.read("counts", entity)))
+
+    def _pages(self, method: str, first: Any, call: requests.Call | None) -> dict[str, Any]:
+        into: dict[str, Any] = {}
+        while call is not None:
+            call = requests.next_page(method, first, self._send(call), into)
+        return into
 
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = self._send(requests.read("stats"))

@@ -74,10 +74,13 @@ class Connection:
         if max_message_size < 64:
             raise ValueError("max_message_size must be at least 64 bytes")
         self.max_message_size = max_message_size
-        # msgpack parses partial messages as bytes arrive and drops them from
-        # its buffer, so max_buffer_size alone does not bound one message: we
-        # count the bytes since the last message boundary ourselves, and keep
-        # the buffer limit as a second fence one chunk above ours.
+        # Two passes. The scanner walks the bytes as they come and builds nothing, to
+        # find where each message ends; only whole messages reach the decoder. A decoder
+        # fed a partial message would already hold a list as long as each array header
+        # announces: 5 bytes asking for 16,000 elements cost 128 KiB, so a few KiB could
+        # pin gigabytes. A whole message's headers announce only elements that are there,
+        # each at least one byte, so memory follows the bytes received.
+        self._scanner = msgpack.Unpacker(max_buffer_size=2 * max_message_size)
         self._unpacker = msgpack.Unpacker(
             raw=False,
             use_list=True,
@@ -97,14 +100,16 @@ class Connection:
         # traceback, the frames that hold this object, and keep its buffers alive
         # until a full garbage collection.
         self._broken: tuple[str, ErrorCode, int | None] | None = None
-        self._input: deque[bytes | memoryview] = deque()  # received, not yet given to msgpack
-        self._fed = 0  # bytes given to msgpack since the stream began
-        self._boundary = 0  # stream offset where the pending message starts
-        # To name a refused message by its msgid we need its first bytes; they are
-        # found when needed in the last piece fed, or carried over from before it.
-        self._last_piece: bytes | memoryview = b""
-        self._piece_start = 0  # stream offset of the last piece
-        self._carried_head = b""
+        self._input: deque[bytes | memoryview] = deque()  # received, not yet scanned
+        self.received = 0  # bytes received since the stream began
+        self._scanned = 0  # stream offset up to which the scanner has been fed
+        self._found = 0  # stream offset where the last message the scanner found ends
+        self._given = 0  # stream offset up to which the decoder has been fed
+        self._ready = 0  # whole messages given to the decoder and not yet decoded
+        self.offset = 0  # stream offset where the last message decoded ends
+        # pieces scanned, with their stream offsets, from the one holding ``offset``:
+        # what the decoder is given, and where a refused message's msgid is read
+        self._pieces: deque[tuple[int, bytes | memoryview]] = deque()
 
     # -- receiving -------------------------------------------------------
 
@@ -113,36 +118,70 @@ class Connection:
             raise RemoteProtocolError(*self._broken)
         if data:
             self._input.append(data)
+            self.received += len(data)
+
+    @property
+    def pending(self) -> int:
+        """Bytes received that are not yet part of a message returned: a partial message's
+        share of them is what a slow or stalled sender makes us hold."""
+        return self.received - self.offset
 
     def next_event(self) -> Event | _NeedData:
         """The next complete event, or ``NEED_DATA``; raises ``RemoteProtocolError``."""
         if self._broken is not None:
             raise RemoteProtocolError(*self._broken)
-        while True:
-            try:
-                obj = self._unpacker.unpack()
-            except msgpack.OutOfData:
-                if self._fed - self._boundary > self.max_message_size:
-                    self._too_large()
-                if not self._feed():
-                    return NEED_DATA
-                continue
-            except ValueError as exc:
-                if "exceeds max_" in str(exc):
-                    self._too_large()
-                self._malformed(exc)
-            except Exception as exc:  # FormatError, StackError, unhashable map keys
-                self._malformed(exc)
-            break
-        end = self._unpacker.tell()
-        if end - self._boundary > self.max_message_size:
-            self._too_large()
-        self._boundary = end
+        if not self._ready and not self._scan():
+            return NEED_DATA
+        try:
+            obj = self._unpacker.unpack()
+        except ValueError as exc:
+            if "exceeds max_" in str(exc):
+                self._too_large(self.offset)
+            self._malformed(exc, self.offset)
+        except Exception as exc:  # unhashable map keys, and what the scanner could not see
+            self._malformed(exc, self.offset)
+        self._ready -= 1
+        self.offset = self._unpacker.tell()
+        pieces = self._pieces
+        while len(pieces) > 1 and pieces[1][0] <= self.offset:
+            pieces.popleft()
         return self._classify(obj)
 
+    def _scan(self) -> bool:
+        """Find the whole messages in what was received and give them to the decoder.
+
+        False when not one whole message is there yet.
+        """
+        scanner = self._scanner
+        limit = self.max_message_size
+        found = 0
+        while True:
+            try:
+                scanner.skip()
+            except msgpack.OutOfData:
+                # all fed past the last message's end belongs to the one arriving: the
+                # scanner waits for a whole string before it moves past it
+                if self._scanned - self._found > limit:
+                    self._too_large(self._found)
+                if found or not self._feed():
+                    break
+                continue
+            except Exception as exc:  # FormatError, StackError
+                self._malformed(exc, self._found)
+            end = scanner.tell()
+            if end - self._found > limit:
+                self._too_large(self._found)
+            self._found = end
+            found += 1
+        if not found:
+            return False
+        self._give(self._found)
+        self._ready += found
+        return True
+
     def _feed(self) -> bool:
-        """Hand msgpack the next piece of input, never more than one message's worth at once,
-        so its buffer stays bounded however large the chunks we are given."""
+        """Hand the scanner the next piece of input, never more than one message's worth at
+        once, so that its buffer stays bounded however large the chunks we are given."""
         if not self._input:
             return False
         piece = self._input.popleft()
@@ -150,40 +189,53 @@ class Connection:
             view = memoryview(piece)
             piece, rest = view[: self.max_message_size], view[self.max_message_size :]
             self._input.appendleft(rest)
-        # Complete messages were all consumed before we got here, so the pending
-        # message's start is final: keep what the outgoing piece holds of it.
-        self._carried_head = self._pending_head()
-        self._piece_start = self._fed
-        self._fed += len(piece)
-        self._last_piece = piece
+        self._pieces.append((self._scanned, piece))
+        self._scanned += len(piece)
         try:
-            self._unpacker.feed(piece)
+            self._scanner.feed(piece)
         except msgpack.BufferFull:
-            self._too_large()
+            self._too_large(self._found)
         return True
 
-    def _pending_head(self) -> bytes:
-        """The first bytes of the pending message, as many as we still have (up to 16)."""
-        if self._boundary >= self._piece_start:
-            offset = self._boundary - self._piece_start
-            return bytes(self._last_piece[offset : offset + _HEAD_SIZE])
-        return (self._carried_head + bytes(self._last_piece[:_HEAD_SIZE]))[:_HEAD_SIZE]
+    def _give(self, upto: int) -> None:
+        """Feed the decoder the scanned bytes up to stream offset ``upto`` (a message's end)."""
+        for start, piece in self._pieces:
+            end = start + len(piece)
+            if end <= self._given:
+                continue
+            if start >= upto:
+                break
+            part = piece[max(self._given - start, 0) : upto - start]
+            self._unpacker.feed(part)
+            self._given = start + (upto - start if upto < end else len(piece))
 
-    def _too_large(self) -> NoReturn:
+    def _head(self, offset: int) -> bytes:
+        """The first bytes (up to 16) of the message starting at stream offset ``offset``."""
+        head = b""
+        for start, piece in self._pieces:
+            end = start + len(piece)
+            if end <= offset:
+                continue
+            head += bytes(piece[max(offset - start, 0) : max(offset - start, 0) + _HEAD_SIZE])
+            if len(head) >= _HEAD_SIZE:
+                break
+        return head[:_HEAD_SIZE]
+
+    def _too_large(self, start: int) -> NoReturn:
         raise self._break(
             RemoteProtocolError(
                 f"message too large: the limit is {self.max_message_size} bytes",
                 ErrorCode.TOO_LARGE,
-                _peek_msgid(self._pending_head()),
+                _peek_msgid(self._head(start)),
             )
         )
 
-    def _malformed(self, exc: Exception) -> NoReturn:
+    def _malformed(self, exc: Exception, start: int) -> NoReturn:
         raise self._break(
             RemoteProtocolError(
                 f"malformed MessagePack: {exc!r}",
                 ErrorCode.PARSE_ERROR,
-                _peek_msgid(self._pending_head()),
+                _peek_msgid(self._head(start)),
             )
         )
 
@@ -191,6 +243,7 @@ class Connection:
         """Remember the error: every later call raises it again."""
         self._broken = (str(error), error.code, error.msgid)
         self._input.clear()
+        self._pieces.clear()
         return error
 
     def _classify(self, obj: object) -> Event:

@@ -9,7 +9,19 @@ NAME_MAX_BYTES: Final = 128  # community, cohort, attribute names
 ATTR_VALUE_MAX_BYTES: Final = 256
 MAX_COMMUNITIES: Final = 64
 MAX_ATTRS: Final = 64
-MAX_PREDICATE_VALUES: Final = 256
+MAX_PREDICATE_VALUES: Final = 256  # values one attribute of a predicate may allow
+MAX_PREDICATE_TERMS: Final = 1024  # values a predicate allows in all: each is indexed
+#: aggregates one request may add to: each signal's communities and matched cohorts
+MAX_FANOUT: Final = 250_000
+#: attributes one request may carry in all: each is matched against every cohort
+MAX_BATCH_ATTRS: Final = 50_000
+#: a predicate, msgpack-encoded, at most this: every cohort is kept in memory and listed
+MAX_PREDICATE_BYTES: Final = 64 * 1024
+#: an aggregate (name, kind and tally) takes at most this in a ``counts`` reply, so a page
+#: of ``limit`` of them fits a message of ``limit`` x this
+SLOT_REPLY_BYTES: Final = 256
+#: aggregates in one page of ``counts``, when the caller does not say
+COUNTS_PAGE: Final = 4096
 MAX_BATCH: Final = 10_000
 MAX_COHORTS: Final = 1_000  # every forwarded signal is matched against each one
 KEY_MAX_BYTES: Final = 64  # a signal's idempotency key, context "id"

@@ -15,6 +15,7 @@ for those, like any read that can see a write).
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Iterable
@@ -35,16 +36,24 @@ Deltas: TypeAlias = dict[str, dict[Slot, list[Any]]]
 #: A checkpoint is due after this many signals or this many seconds, whichever first.
 CHECKPOINT_SIGNALS: Final = 200_000
 CHECKPOINT_SECONDS: Final = 10.0
+#: ... or once committed deltas in memory hold this many tallies (about 200 B each)
+CHECKPOINT_TALLIES: Final = 500_000
 
 
-def merge(into: Deltas, more: Deltas) -> None:
-    """Add ``more`` to ``into``; ``into`` may take over ``more``'s inner dicts."""
+def merge(into: Deltas, more: Deltas) -> int:
+    """Add ``more`` to ``into``; ``into`` may take over ``more``'s inner dicts.
+    Returns how many tallies ``into`` gained."""
+    gained = 0
     for entity, slots in more.items():
         mine = into.get(entity)
         if mine is None:
             into[entity] = slots
+            gained += len(slots)
         else:
+            before = len(mine)
             _add_copy(mine, slots)
+            gained += len(mine) - before
+    return gained
 
 
 def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
@@ -57,9 +66,13 @@ def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
         tally[1] += weight
 
 
-def _add_copy(into: dict[Slot, list[Any]], slots: dict[Slot, list[Any]] | None) -> None:
+def _add_copy(
+    into: dict[Slot, list[Any]], slots: dict[Slot, list[Any]] | None, after: Slot | None = None
+) -> None:
     if slots:
         for slot, (count, weight) in slots.items():
+            if after is not None and slot <= after:
+                continue
             tally = into.get(slot)
             if tally is None:
                 into[slot] = [count, weight]
@@ -75,9 +88,12 @@ class Aggregates:
         *,
         every_signals: int = CHECKPOINT_SIGNALS,
         every_seconds: float = CHECKPOINT_SECONDS,
+        every_tallies: int = CHECKPOINT_TALLIES,
     ) -> None:
         self.every_signals = every_signals
         self.every_seconds = every_seconds
+        self.every_tallies = every_tallies
+        self.tallies = 0  # in ``live``
         self.live: Deltas = {}  # committed above the watermark
         self.flushing: Deltas | None = None  # in the checkpoint being committed
         # the table holds every signal up to this seq once the flushing checkpoint commits
@@ -88,7 +104,7 @@ class Aggregates:
 
     def absorb(self, deltas: Deltas, signals: int) -> None:
         """A batch committed: its deltas are now durable, in the ledger."""
-        merge(self.live, deltas)
+        self.tallies += merge(self.live, deltas)
         self._signals += signals
 
     def due(self) -> bool:
@@ -96,6 +112,7 @@ class Aggregates:
             return False
         return (
             self._signals >= self.every_signals
+            or self.tallies >= self.every_tallies
             or time.monotonic() - self._since >= self.every_seconds
         )
 
@@ -103,6 +120,7 @@ class Aggregates:
         """Hand the live deltas (every committed signal up to ``upto_seq``) to the writer."""
         self.flushing, self.flushing_to = self.live, upto_seq
         self.live = {}
+        self.tallies = 0
         self._signals = 0
         self._since = time.monotonic()
         return self.flushing
@@ -112,24 +130,33 @@ class Aggregates:
         if not committed and flushing is not None:
             merge(flushing, self.live)  # still durable in the ledger: keep them in memory
             self.live = flushing
+            self.tallies = sum(map(len, flushing.values()))
 
     def capture(
-        self, entity: str, cohort_names: dict[int, str], uncommitted: Iterable[Deltas]
+        self,
+        entity: str,
+        cohort_names: dict[int, str],
+        uncommitted: Iterable[Deltas],
+        after: Slot | None,
+        limit: int,
     ) -> CountsRead:
-        """Everything in memory about ``entity`` now; the writer adds the table later."""
+        """What memory holds about ``entity`` now, for the page of ``limit`` aggregates
+        after ``after``; the writer adds the table's share later."""
         rest: dict[Slot, list[Any]] = {}
-        _add_copy(rest, self.live.get(entity))
+        _add_copy(rest, self.live.get(entity), after)
         for deltas in uncommitted:
-            _add_copy(rest, deltas.get(entity))
+            _add_copy(rest, deltas.get(entity), after)
         flushing: dict[Slot, list[Any]] = {}
         if self.flushing is not None:
-            _add_copy(flushing, self.flushing.get(entity))
+            _add_copy(flushing, self.flushing.get(entity), after)
         return CountsRead(
             entity,
             cohort_names,
             self.flushing_to if self.flushing is not None else None,
-            flushing,
-            rest,
+            _first(flushing, limit + 1),
+            _first(rest, limit + 1),
+            after,
+            limit,
         )
 
     def replay(self, rows: Iterable[tuple[str, str, float, int, bytes | None]]) -> int:
@@ -154,7 +181,15 @@ class Aggregates:
                 bump(mine, slot, weight)
             count += 1
         self._signals = count
+        self.tallies = sum(map(len, live.values()))
         return count
+
+
+def _first(slots: dict[Slot, list[Any]], n: int) -> dict[Slot, list[Any]]:
+    """The ``n`` first slots in order: no page needs more of any one source."""
+    if len(slots) <= n:
+        return slots
+    return {slot: slots[slot] for slot in heapq.nsmallest(n, slots)}
 
 
 @dataclass(slots=True)
@@ -172,20 +207,29 @@ class CountsRead:
     flushing_to: int | None
     flushing: dict[Slot, list[Any]]
     rest: dict[Slot, list[Any]]
+    after: Slot | None  # the page starts past this aggregate
+    limit: int  # and holds at most this many
     rows: list[tuple[int, int | str, str, int, float]] | None = None
     table_watermark: int = 0
 
-    def answer(self) -> dict[str, dict[str, Any]]:
+    def answer(self) -> dict[str, Any]:
+        """The page: each source gave its first ``limit + 1`` aggregates past ``after``, so
+        the first ``limit`` of them all are exact, and one more says the page was cut."""
         totals: dict[Slot, list[Any]] = {}
         for layer, key, kind, count, weight in self.rows or ():
             totals[(layer, key, kind)] = [count, weight]
         if self.flushing_to is not None and self.table_watermark < self.flushing_to:
             _add_copy(totals, self.flushing)
         _add_copy(totals, self.rest)
+        ordered = sorted(totals.items())
+        more = None
+        if len(ordered) > self.limit:
+            ordered = ordered[: self.limit]
+            more = list(ordered[-1][0])
         ledger: dict[str, Any] = {}
         cohorts: dict[str, dict[str, Any]] = {}
         communities: dict[str, dict[str, Any]] = {}
-        for (layer, key, kind), (count, weight) in sorted(totals.items(), key=_slot_order):
+        for (layer, key, kind), (count, weight) in sorted(ordered, key=_slot_order):
             entry = {"count": count, "weight": weight}
             if layer == LEDGER:
                 ledger[kind] = entry
@@ -195,7 +239,10 @@ class CountsRead:
                     cohorts.setdefault(name, {})[kind] = entry
             else:
                 communities.setdefault(str(key), {})[kind] = entry
-        return {"ledger": ledger, "cohorts": cohorts, "communities": communities}
+        result: dict[str, Any] = {"ledger": ledger, "cohorts": cohorts, "communities": communities}
+        if more is not None:
+            result["more"] = more  # give it back as page "after" for the next page
+        return result
 
 
 def _slot_order(item: tuple[Slot, list[Any]]) -> tuple[int, str, str]:

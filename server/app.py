@@ -117,6 +117,7 @@ class Server:
                 config.host,
                 config.port,
                 reuse_address=True,
+                backlog=config.backlog,
                 ssl=tls,
                 ssl_handshake_timeout=10.0 if tls else None,
             )
@@ -147,6 +148,8 @@ class Server:
             checkpoint_seconds=config.checkpoint_seconds,
             key_window_ns=window_ns,
             max_keys=config.idempotency_max_keys,
+            hold=self.state.hold,
+            max_reply=config.max_message_size,
         )
         log.info(
             "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d,"
@@ -187,14 +190,22 @@ class Server:
         return port
 
     async def _sweep_idle(self) -> None:
-        """Close connections that have nothing in flight and sent nothing for idle_timeout."""
+        """Close connections that have nothing in flight and sent nothing for idle_timeout,
+        and those whose partial message is older than message_timeout."""
         timeout = self.config.idle_timeout
+        message_timeout = self.config.message_timeout
         while True:
-            await asyncio.sleep(timeout / 4)  # a schedule, not a synchronisation
-            cutoff = time.monotonic() - timeout
+            # a schedule, not a synchronisation
+            await asyncio.sleep(min(timeout, message_timeout) / 4)
+            now = time.monotonic()
+            cutoff = now - timeout
             for conn in list(self.connections):
-                if conn.last_active < cutoff and conn.inflight == 0 and not conn.closed:
+                if conn.closed:
+                    continue
+                if conn.last_active < cutoff and conn.inflight == 0:
                     conn.close_idle(timeout)
+                elif conn.partial_since is not None and conn.partial_since < now - message_timeout:
+                    conn.close_stalled(message_timeout)
 
     async def shutdown(self) -> None:
         """Stop accepting and reading, commit and answer what was read, then close everything."""

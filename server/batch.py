@@ -23,11 +23,15 @@ Undo: TypeAlias = tuple[str, Any, Any]
 
 
 class Replier(Protocol):
-    """Where an answer goes: the server's connection, or nowhere for a notification."""
+    """Where an answer goes: the server's connection. Every request and notification it
+    hands on gets exactly one ``reply`` or ``reply_error``; a notification's (msgid None)
+    only ends its place in flight."""
 
-    def reply(self, msgid: int, result: Any) -> None: ...
+    def reply(self, msgid: int | None, result: Any) -> None: ...
 
-    def reply_error(self, msgid: int, code: int, message: str) -> None: ...
+    def reply_error(self, msgid: int | None, code: int, message: str) -> None: ...
+
+    def reading(self, started: bool) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -46,10 +50,11 @@ class Batch:
     keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     probe: bool = False  # a write that tests the disk, for a health check after a full disk
-    replies: list[tuple[Replier, int, Any]] = field(default_factory=list)
+    replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)
     undo: list[Undo] = field(default_factory=list)
     writes: int = 0
     signals: int = 0
+    fanout: int = 0  # cohort and community aggregates added to
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0

@@ -150,6 +150,20 @@ def _parser() -> tuple[argparse.ArgumentParser, _Settings]:
         type=float,
     )
     setting(
+        "--message-timeout",
+        "TIDAL_MESSAGE_TIMEOUT",
+        "30",
+        "seconds a message may take to arrive whole before its connection is closed",
+        type=float,
+    )
+    setting(
+        "--backlog",
+        "TIDAL_BACKLOG",
+        "4096",
+        "connections the kernel queues before they are accepted",
+        type=int,
+    )
+    setting(
         "--max-inflight",
         "TIDAL_MAX_INFLIGHT",
         "4096",
@@ -360,6 +374,8 @@ def _serve(args: argparse.Namespace) -> int:
         insecure=args.insecure,
         max_connections=args.max_connections,
         idle_timeout=args.idle_timeout,
+        message_timeout=args.message_timeout,
+        backlog=args.backlog,
         max_inflight=args.max_inflight,
         max_message_size=args.max_message_size,
         max_output_buffer=args.max_output_buffer,

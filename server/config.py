@@ -36,6 +36,11 @@ class Config:
     #: A connection with nothing in flight that sends no complete request for this
     #: many seconds is closed.
     idle_timeout: float = 300.0
+    #: A message must arrive whole within this many seconds of its first byte: a sender
+    #: that stalls mid-message would otherwise hold what it sent until idle_timeout.
+    message_timeout: float = 30.0
+    #: Connections the kernel may queue before they are accepted (capped by somaxconn).
+    backlog: int = 4096
     #: Serve Prometheus metrics at http://host:metrics_port/metrics (off when None).
     metrics_port: int | None = None
     #: PEM files: with both, the server speaks TLS only.
@@ -56,6 +61,8 @@ class Config:
             (self.max_connections >= 1, "max_connections: at least 1"),
             (self.max_output_buffer >= 64 * 1024, "max_output_buffer: at least 65536 bytes"),
             (self.idle_timeout > 0, "idle_timeout: more than 0 seconds"),
+            (self.message_timeout > 0, "message_timeout: more than 0 seconds"),
+            (self.backlog >= 1, "backlog: at least 1"),
             (self.idempotency_window >= 0, "idempotency_window: 0 seconds or more"),
             (self.idempotency_max_keys >= 0, "idempotency_max_keys: 0 or more"),
             (self.checkpoint_signals >= 1, "checkpoint_signals: at least 1"),

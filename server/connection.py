@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -46,40 +47,59 @@ class ServerState:
     handler: Handler
     metrics: Metrics | None
     connections: set[ServerConnection] = field(default_factory=set)
+    #: the engine holds all the uncommitted work it may: no connection applies more
+    held: bool = False
+
+    def hold(self, on: bool) -> None:
+        """Stop, or let go on, every connection: the engine's back-pressure, one switch
+        for all, so that memory waiting for a commit stays bounded however many write."""
+        if on == self.held:
+            return
+        self.held = on
+        for conn in self.connections:
+            conn.flow.set(FlowControl.HELD, on)
 
 
 class FlowControl:
-    """Reading stops for either of two reasons and resumes only when both have passed:
-    too many requests awaiting replies, or a peer that does not read its replies."""
+    """Reading, and applying what was read, stop for any of a few reasons and go on only
+    once none is left. Each reason is set and cleared on its own, so that one passing
+    never resumes a connection another still holds."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    BUSY = 1  # too many requests awaiting replies (--max-inflight)
+    BLOCKED = 2  # the peer does not read its replies: the transport's buffer is full
+    HELD = 4  # the engine holds all the work it may until a commit ends (every connection)
+    YIELDED = 8  # this connection had its slice of the loop; others go first
+    READS = 16  # too many large reads (counts) awaiting replies
+    DRAINING = 32  # shutting down: nothing more is taken on
+
+    def __init__(self, transport: asyncio.Transport, resume: Callable[[], None]) -> None:
         self._transport = transport
-        self._busy = False
-        self._blocked = False
-        self._reading = True
+        self._resume = resume
+        self.stopped = 0  # the reasons set now
 
-    def _update(self) -> None:
-        want = not (self._busy or self._blocked)
-        if want == self._reading or self._transport.is_closing():
+    def set(self, reason: int, on: bool) -> None:
+        was = self.stopped
+        now = was | reason if on else was & ~reason
+        if now == was:
             return
-        self._reading = want
-        if want:
+        self.stopped = now
+        if self._transport.is_closing():
+            return
+        if not now:
             self._transport.resume_reading()
-        else:
+            self._resume()
+        elif not was:
             self._transport.pause_reading()
-
-    def busy(self, value: bool) -> None:
-        self._busy = value
-        self._update()
-
-    def blocked(self, value: bool) -> None:
-        self._blocked = value
-        self._update()
 
 
 #: Before ``auth`` succeeds a connection may send this much, and fail this often.
 PREAUTH_BYTES = 1024
 AUTH_ATTEMPTS = 3
+#: Applying requests from one connection gives the loop back after this long, so that
+#: a client with much to do never keeps the others waiting for longer.
+SLICE_SECONDS = 0.02
+#: Large reads (``counts``) one connection may have awaiting replies.
+MAX_PENDING_READS = 16
 
 
 class ServerConnection(asyncio.Protocol):
@@ -91,13 +111,16 @@ class ServerConnection(asyncio.Protocol):
         self._out: list[list[Any]] = []  # replies not yet written
         self._token = config.token.encode() if config.token else None
         self.authenticated = self._token is None
-        self._preauth_bytes = 0
         self._auth_failures = 0
-        self.inflight = 0
+        self.inflight = 0  # requests and notifications applied but not yet committed
+        self._reads = 0  # counts awaiting replies
         self.closed = False
         self.draining = False
         self._eof = False
+        self._input_left = False  # complete requests read but not yet applied
+        self._scheduled = False
         self.last_active = time.monotonic()
+        self.partial_since: float | None = None  # when the message still arriving began
         self._metrics = state.metrics
         self._started: dict[int, tuple[str, float]] = {}  # msgid -> (method, read at)
 
@@ -106,7 +129,7 @@ class ServerConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.peer = self.transport.get_extra_info("peername")
         self.conn = Connection(max_message_size=self._config.max_message_size)
-        self.flow = FlowControl(self.transport)
+        self.flow = FlowControl(self.transport, self._schedule)
         if len(self._connections) >= self._config.max_connections:
             log.warning("refusing %s: %d connections open", self.peer, len(self._connections))
             self.closed = True
@@ -115,6 +138,8 @@ class ServerConnection(asyncio.Protocol):
             self.transport.close()
             return
         self._connections.add(self)
+        if self._state.held:
+            self.flow.set(FlowControl.HELD, True)
         log.debug("connection from %s", self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -126,56 +151,95 @@ class ServerConnection(asyncio.Protocol):
         """The client has sent all it will (a half-close): what it sent is still applied
         and answered, as at shutdown, and the connection closes once nothing is owed."""
         self._eof = True
-        self.draining = True
-        return self.inflight > 0  # True keeps our side open for the replies to come
+        return self.inflight > 0 or self._input_left  # True keeps our side open
 
     def pause_writing(self) -> None:
-        self.flow.blocked(True)
+        self.flow.set(FlowControl.BLOCKED, True)
 
     def resume_writing(self) -> None:
-        self.flow.blocked(False)
+        self.flow.set(FlowControl.BLOCKED, False)
 
     def data_received(self, data: bytes) -> None:
         if self.draining or self.closed:
             return  # shutting down: what was not read before is not taken on
-        if not self.authenticated:
-            self._preauth_bytes += len(data)
-            if self._preauth_bytes > PREAUTH_BYTES:
-                log.warning("closing %s: over %d bytes before auth", self.peer, PREAUTH_BYTES)
-                self.transport.abort()
-                return
+        try:
+            self.conn.receive_data(data)
+        except RemoteProtocolError as exc:
+            self._protocol_failure(exc)
+            return
+        self._apply()
+
+    def _schedule(self) -> None:
+        """Go on applying what was read, once the loop has served the others."""
+        if not self._scheduled and not self.closed:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._resume_applying)
+
+    def _resume_applying(self) -> None:
+        self._scheduled = False
+        if self.flow.stopped & FlowControl.YIELDED:
+            self.flow.set(FlowControl.YIELDED, False)  # schedules us again if nothing else holds
+        elif not self.flow.stopped and not self.closed:
+            self._apply()
+
+    def _apply(self) -> None:
+        """Apply the complete requests read, in order, until none is left, flow control
+        stops us, or this connection has had its slice of the loop."""
         handle = self._state.handler.handle
         conn = self.conn
-        now = time.monotonic()
+        flow = self.flow
         metrics = self._metrics
+        began = now = time.monotonic()
+        self._input_left = True
         try:
-            conn.receive_data(data)
-            while True:
+            while not (flow.stopped or self.closed):
                 event = conn.next_event()
                 if event is NEED_DATA:
+                    self._input_left = False
+                    if not self.authenticated and conn.received > PREAUTH_BYTES:
+                        self._too_much_before_auth()
+                        return
+                    if conn.pending and self.partial_since is None:
+                        self.partial_since = now
                     break
                 self.last_active = now
+                self.partial_since = None
+                if not self.authenticated and conn.offset > PREAUTH_BYTES:
+                    self._too_much_before_auth()
+                    return
                 if type(event) is Request:
                     self.inflight += 1
                     if metrics is not None:
                         self._started[event.msgid] = (event.method, now)
                     if not self.authenticated or event.method == "auth":
                         if not self._auth(event):
-                            break
-                        continue
-                    handle(self, event.msgid, event.method, event.params)
+                            return
+                    else:
+                        handle(self, event.msgid, event.method, event.params)
                 elif type(event) is Notification:
-                    if self.authenticated:
+                    if self.authenticated:  # work in flight too, until committed
+                        self.inflight += 1
                         handle(self, None, event.method, event.params)
                 elif type(event) is BadRequest:
                     self.inflight += 1
                     self.reply_error(event.msgid, event.code, event.message)
                 # a stray Response is ignored: we never send requests
+                if self.inflight >= self._max_inflight:
+                    flow.set(FlowControl.BUSY, True)
+                now = time.monotonic()
+                if now - began > SLICE_SECONDS:
+                    flow.set(FlowControl.YIELDED, True)
+                    self._schedule()
         except RemoteProtocolError as exc:
+            self._input_left = False
             self._protocol_failure(exc)
+            return
         self.flush()
-        if self.inflight >= self._max_inflight:
-            self.flow.busy(True)
+
+    def _too_much_before_auth(self) -> None:
+        log.warning("closing %s: over %d bytes before auth", self.peer, PREAUTH_BYTES)
+        self.closed = True
+        self.transport.abort()
 
     def _auth(self, request: Request) -> bool:
         """Answer a request made before ``auth`` succeeded, or ``auth`` itself.
@@ -218,21 +282,32 @@ class ServerConnection(asyncio.Protocol):
 
     # -- the Replier the engine answers through ---------------------------
 
-    def reply(self, msgid: int, result: Any) -> None:
+    def reply(self, msgid: int | None, result: Any) -> None:
+        """Answer a request; for a notification (``msgid`` None), only its place in flight ends."""
         self.inflight -= 1
+        if msgid is None:
+            return
         if self._metrics is not None:
             self._observe(msgid)
         if not self.closed:
             self._out.append([RESPONSE, msgid, None, result])
 
-    def reply_error(self, msgid: int, code: int, message: str) -> None:
+    def reply_error(self, msgid: int | None, code: int, message: str) -> None:
         self.inflight -= 1
+        if msgid is None:
+            log.debug("notification from %s refused: %s", self.peer, message)
+            return
         log.warning("error %d to %s (msgid %d): %s", code, self.peer, msgid, message)
         if self._metrics is not None:
             self._observe(msgid)
             self._metrics.error(int(code))
         if not self.closed:
             self._out.append([RESPONSE, msgid, [int(code), message], None])
+
+    def reading(self, started: bool) -> None:
+        """A large read began (True) or was answered (False): only a few may wait at once."""
+        self._reads += 1 if started else -1
+        self.flow.set(FlowControl.READS, self._reads >= MAX_PENDING_READS)
 
     def _observe(self, msgid: int) -> None:
         assert self._metrics is not None
@@ -244,30 +319,48 @@ class ServerConnection(asyncio.Protocol):
         """Send every reply gathered since the last flush, in one write."""
         if self._out:
             if not self.closed:
-                self.transport.write(self._encode(self._out))
+                # Judged before this write: replies just made are not a slow reader, while
+                # earlier ones still unread past the limit are (reading stopped long ago).
                 if self.transport.get_write_buffer_size() > self._config.max_output_buffer:
                     log.warning("disconnecting %s: it does not read its replies", self.peer)
                     self.closed = True
                     self.transport.abort()
+                else:
+                    self.transport.write(self._encode(self._out))
             self._out = []
-        if self.inflight <= self._max_inflight // 2 and not self.draining:
-            self.flow.busy(False)
-        if self._eof and self.inflight == 0 and not self.transport.is_closing():
+        if self.inflight <= self._max_inflight // 2:
+            self.flow.set(FlowControl.BUSY, False)
+        if self._eof and not (self.inflight or self._input_left or self.transport.is_closing()):
             self.transport.close()  # a half-closed client has had every answer
 
     def _encode(self, replies: list[list[Any]]) -> bytes:
         try:
-            return self.conn.send_responses(replies)
-        except LocalProtocolError:  # find the reply that cannot be encoded; answer the rest
-            parts = []
-            for reply in replies:
-                try:
-                    parts.append(self.conn.send_responses([reply]))
-                except LocalProtocolError:
-                    log.exception("cannot encode the reply to %d", reply[1])
-                    error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded"]
-                    parts.append(self.conn.send_responses([[RESPONSE, reply[1], error, None]]))
-            return b"".join(parts)
+            data = self.conn.send_responses(replies)
+        except LocalProtocolError:
+            return self._encode_each(replies)
+        if len(data) > self.conn.max_message_size:
+            return self._encode_each(replies)  # one of them may be over the limit alone
+        return data
+
+    def _encode_each(self, replies: list[list[Any]]) -> bytes:
+        """Every reply on its own; one that cannot be encoded, or is over the message limit
+        (a peer could not read it), is replaced by an error saying so."""
+        parts = []
+        limit = self.conn.max_message_size
+        for reply in replies:
+            try:
+                part = self.conn.send_responses([reply])
+            except LocalProtocolError:
+                log.exception("cannot encode the reply to %d", reply[1])
+                error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded"]
+                part = self.conn.send_responses([[RESPONSE, reply[1], error, None]])
+            if len(part) > limit:
+                log.error("the reply to %d is %d bytes, over the limit", reply[1], len(part))
+                message = f"the result is {len(part)} bytes, over the message limit of {limit}"
+                error = [int(ErrorCode.TOO_LARGE), message]
+                part = self.conn.send_responses([[RESPONSE, reply[1], error, None]])
+            parts.append(part)
+        return b"".join(parts)
 
     def close_idle(self, timeout: float) -> None:
         """Close a connection that sent nothing for ``timeout``. One whose replies are still
@@ -287,7 +380,20 @@ class ServerConnection(asyncio.Protocol):
             log.info("closing %s: idle for over %ss", self.peer, timeout)
             self.transport.close()
 
+    def close_stalled(self, timeout: float) -> None:
+        """A message begun over ``timeout`` ago is still not whole: what it sent so far is
+        held for it, so a sender that stalls must not keep it for ever."""
+        log.warning(
+            "closing %s: a message of which %d bytes arrived is not whole after %ss",
+            self.peer,
+            self.conn.pending,
+            timeout,
+        )
+        self.closed = True
+        self.transport.abort()
+
     def drain(self) -> None:
-        """Stop reading for shutdown; requests already read are still answered."""
+        """Stop reading for shutdown; requests already applied are still answered."""
         self.draining = True
-        self.flow.busy(True)
+        self._input_left = False  # read but not applied: not taken on, so not owed
+        self.flow.set(FlowControl.DRAINING, True)

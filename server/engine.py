@@ -18,8 +18,15 @@ from typing import Any, Final
 
 import msgpack
 
-from tidal.protocol import ErrorCode
-from tidal.protocol.limits import ENTITY_MAX_BYTES, MAX_COHORTS
+from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE, ErrorCode
+from tidal.protocol.limits import (
+    COUNTS_PAGE,
+    ENTITY_MAX_BYTES,
+    MAX_COHORTS,
+    MAX_FANOUT,
+    NAME_MAX_BYTES,
+    SLOT_REPLY_BYTES,
+)
 
 from . import params
 from .aggregates import (
@@ -33,7 +40,7 @@ from .aggregates import (
     bump,
 )
 from .batch import Batch, Replier
-from .cohorts import Cohort, matching
+from .cohorts import Cohort, index
 from .health import report
 from .members import Members
 from .metrics import Metrics
@@ -44,6 +51,12 @@ from .version import VERSION
 log = logging.getLogger("tidal.engine")
 
 Handler = Callable[[Replier, int | None, list[Any]], None]
+
+
+#: An open batch this large stops every connection until the writer takes it: what waits
+#: for a commit (rows, tallies, replies) stays bounded, and so does the commit's length.
+OPEN_SIGNALS: Final = 50_000
+OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communities and cohorts)
 
 
 class Unavailable(Exception):
@@ -63,9 +76,18 @@ class Engine:
         key_window_ns: int = 24 * 3600 * 10**9,
         max_keys: int = 1_000_000,
         metrics: Metrics | None = None,
+        hold: Callable[[bool], None] = lambda on: None,
+        open_signals: int = OPEN_SIGNALS,
+        open_fanout: int = OPEN_FANOUT,
+        max_reply: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self._storage = storage
         self._clock = clock
+        #: back-pressure: stops (True) or lets go on (False) every connection
+        self._hold = hold
+        self._open_signals = open_signals
+        self._open_fanout = open_fanout
+        self._reply_budget = max_reply - 1024  # the envelope, and a margin
         self.metrics = metrics
         self._connections = connections
         self.members = Members.adopt(snapshot.left, snapshot.rejoined)
@@ -73,6 +95,7 @@ class Engine:
             name: Cohort.build(cid, name, predicate) for cid, name, predicate in snapshot.cohorts
         }
         self._cohort_names: dict[int, str] | None = None
+        self._index = index(self._cohorts.values())
         self._next_seq = snapshot.next_seq
         self._next_cohort_id = snapshot.next_cohort_id
         self.aggregates = Aggregates(
@@ -145,19 +168,22 @@ class Engine:
 
     @staticmethod
     def _refuse(conn: Replier, msgid: int | None, code: int, message: str) -> None:
-        if msgid is not None:
-            conn.reply_error(msgid, code, message)
+        conn.reply_error(msgid, code, message)
 
     def _ack(self, conn: Replier, msgid: int | None, result: Any) -> None:
-        """A write's reply: sent once the batch it joined has committed."""
-        if msgid is not None:
-            self._open.replies.append((conn, msgid, result))
+        """A write's reply: sent once the batch it joined has committed. A notification's
+        write stays in flight until then too, so that notifications feel back-pressure."""
+        batch = self._open
+        batch.replies.append((conn, msgid, result))
         if self._idle is not None:
             self._wake()
+        if batch.signals >= self._open_signals or batch.fanout >= self._open_fanout:
+            self._hold(True)  # let go of when the writer takes this batch
 
     def _answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
         """A read's reply: now, unless it could show a write that is not yet on disk."""
         if msgid is None:
+            conn.reply(None, None)
             return
         inflight = self._inflight
         if self._open.writes or (inflight is not None and inflight.writes):
@@ -178,8 +204,7 @@ class Engine:
 
     def _ping(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "ping", "none", 0, 0)
-        if msgid is not None:
-            conn.reply(msgid, "pong")
+        conn.reply(msgid, "pong")
 
     def _signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         signal = params.signal(args)
@@ -191,9 +216,36 @@ class Engine:
         batch = self._writable()
         now = self._clock()
         record = self._record
-        self._ack(conn, msgid, [record(batch, s, now) for s in signals])
+        if not self._cohorts:
+            self._fanout([len(s.communities) for s in signals])
+            self._ack(conn, msgid, [record(batch, s, now) for s in signals])
+            return
+        # matched first, to bound the request's fan-out before any of it is applied
+        is_left = self.members.is_left
+        match = self._index.match
+        matched = [() if is_left(s.user_id) else match(s.attrs) for s in signals]
+        self._fanout([len(s.communities) + len(m) for s, m in zip(signals, matched, strict=True)])
+        self._ack(
+            conn,
+            msgid,
+            [record(batch, s, now, m) for s, m in zip(signals, matched, strict=True)],
+        )
 
-    def _record(self, batch: Batch, s: SignalArgs, now_ns: int) -> dict[str, Any]:
+    @staticmethod
+    def _fanout(each: list[int]) -> None:
+        """Refuse a batch that would add to more aggregates than one request may: the
+        loop time and memory a request costs follow its fan-out, not its bytes."""
+        total = sum(each)
+        if total > MAX_FANOUT:
+            raise InvalidParams(
+                f"signals: this batch adds to {total} aggregates (communities named and"
+                f" cohorts matched, per signal); at most {MAX_FANOUT} per request: send"
+                " fewer signals per batch"
+            )
+
+    def _record(
+        self, batch: Batch, s: SignalArgs, now_ns: int, matched: tuple[int, ...] | None = None
+    ) -> dict[str, Any]:
         """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O.
 
         The ledger row's context is ``[communities, attrs, cohort ids]``: what the
@@ -216,13 +268,17 @@ class Engine:
             context = _pack((communities, attrs, ())) if communities or attrs else None
         else:
             forwarded = True
-            cohorts = [c.id for c in matching(self._cohorts, attrs)] if self._cohorts else ()
+            if matched is not None:
+                cohorts = matched
+            else:
+                cohorts = self._index.match(attrs) if self._cohorts else ()
             for cid in cohorts:
                 bump(mine, (COHORT, cid, kind), weight)
             for name in communities:
                 bump(mine, (COMMUNITY, name, kind), weight)
             context = _pack((communities, attrs, cohorts)) if communities or attrs else None
             batch.forwarded += 1
+            batch.fanout += len(cohorts) + len(communities)
         batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
         if key is not None:
             self._remember_key(batch, key, (seq, forwarded, now_ns))
@@ -315,29 +371,67 @@ class Engine:
         self._put_cohort(name, new)
 
     def _put_cohort(self, name: str, cohort: Cohort | None) -> None:
-        if cohort is None:
-            self._cohorts.pop(name, None)
-        else:
+        old = self._cohorts.pop(name, None)
+        if old is not None:
+            self._index.remove(old)
+        if cohort is not None:
             self._cohorts[name] = cohort
+            self._index.add(cohort)
+        if self._index.wasted > max(len(self._cohorts), 64):
+            self._index = index(self._cohorts.values())
         self._cohort_names = None
 
     def _list_cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "cohorts", "none", 0, 0)
-        self._answer(conn, msgid, {name: c.predicate for name, c in self._cohorts.items()})
+        """Every cohort, or, given a page, those named after ``after`` in byte order that
+        fit one reply. Without a page, a list over the message limit is refused, not cut:
+        its shape has no room to say so."""
+        params.arity(args, "cohorts", "page={}", 0, 1)
+        budget = self._reply_budget
+        if not args:
+            total = sum(c.size for c in self._cohorts.values())
+            if total > budget:
+                raise InvalidParams(
+                    f"page: the {len(self._cohorts)} cohorts take {total} bytes, over the"
+                    f" {budget} a reply may; read them in pages: cohorts({{'limit': n}})"
+                )
+            self._answer(conn, msgid, {name: c.predicate for name, c in self._cohorts.items()})
+        else:
+            page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
+            after = page.get("after")
+            if after is not None:
+                after = params.text(after, "page.after", NAME_MAX_BYTES)
+            names = sorted(
+                (n for n in self._cohorts if after is None or _utf8(n) > _utf8(after)), key=_utf8
+            )
+            listed: dict[str, Any] = {}
+            for name in names[: page.get("limit", MAX_COHORTS)]:
+                budget -= self._cohorts[name].size
+                if budget < 0 and listed:
+                    break
+                listed[name] = self._cohorts[name].predicate
+            more = names[len(listed) - 1] if len(listed) < len(names) else None
+            self._answer(conn, msgid, {"cohorts": listed, "more": more})
+        conn.flush()  # a large reply made now must meet the peer's flow control at once
 
     def _counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "counts", "entity", 1, 1)
+        params.arity(args, "counts", "entity, page={}", 1, 2)
         entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
+        most = self._reply_budget // SLOT_REPLY_BYTES
+        page = params.page(args[1] if len(args) > 1 else None, "counts", ("after", "limit"), most)
+        after = params.cursor(page["after"]) if page.get("after") is not None else None
+        limit = page.get("limit", min(COUNTS_PAGE, most))
         if msgid is None:
+            conn.reply(None, None)
             return
         if self._cohort_names is None:
             self._cohort_names = {c.id: name for name, c in self._cohorts.items()}
         uncommitted = [self._open.deltas]
         if self._inflight is not None:
             uncommitted.append(self._inflight.deltas)
-        read = self.aggregates.capture(entity, self._cohort_names, uncommitted)
+        read = self.aggregates.capture(entity, self._cohort_names, uncommitted, after, limit)
         self._open.reads.append(read)
         self._open.replies.append((conn, msgid, read))
+        conn.reading(True)
         self._wake()
 
     def _stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
@@ -364,6 +458,7 @@ class Engine:
         After a full disk, the round trip carries a small write, to see if space is back."""
         params.arity(args, "health", "none", 0, 0)
         if msgid is None:
+            conn.reply(None, None)
             return
         batch = self._open
         if self._full is not None and self._failed is None and not batch.probe:
@@ -403,6 +498,7 @@ class Engine:
                 self._forget_old_keys(batch)
             self._open = Batch(self._next_seq)
             self._inflight = batch
+            self._hold(False)
             began = time.perf_counter()
             try:
                 await self._storage.commit(batch)
@@ -438,7 +534,11 @@ class Engine:
             self.metrics.rejoins += batch.rejoins
         touched: dict[Replier, None] = {}
         for conn, msgid, result in batch.replies:
-            conn.reply(msgid, result.answer() if type(result) in _LATER else result)
+            if type(result) in _LATER:
+                if type(result) is CountsRead:
+                    conn.reading(False)
+                result = result.answer()
+            conn.reply(msgid, result)
             touched[conn] = None
         for conn in touched:
             conn.flush()
@@ -474,6 +574,8 @@ class Engine:
         touched: dict[Replier, None] = {}
         for failed in (batch, later):
             for conn, msgid, result in failed.replies:
+                if type(result) is CountsRead:
+                    conn.reading(False)
                 if type(result) is HealthCheck:
                     conn.reply(msgid, result.answer())
                 else:
@@ -485,6 +587,10 @@ class Engine:
 
 class _NotFound(Exception):
     pass
+
+
+def _utf8(name: str) -> bytes:
+    return name.encode("utf-8", "surrogateescape")
 
 
 class HealthCheck:

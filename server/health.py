@@ -39,6 +39,7 @@ class Booting:
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
         if msgid is None:
+            conn.reply(None, None)  # nothing can be applied yet
             return
         try:
             if method == "ping":

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Final, NamedTuple, TypeAlias
 
+import msgpack
+
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
     ENTITY_MAX_BYTES,
@@ -17,7 +19,11 @@ from tidal.protocol.limits import (
     KIND_MAX_BYTES,
     MAX_ATTRS,
     MAX_BATCH,
+    MAX_BATCH_ATTRS,
     MAX_COMMUNITIES,
+    MAX_FANOUT,
+    MAX_PREDICATE_BYTES,
+    MAX_PREDICATE_TERMS,
     MAX_PREDICATE_VALUES,
     NAME_MAX_BYTES,
     USER_ID_MAX,
@@ -211,6 +217,7 @@ def signal_batch(params: list[Any]) -> list[SignalArgs]:
     if not 1 <= len(items) <= MAX_BATCH:
         raise InvalidParams(f"signals: must hold 1..{MAX_BATCH} signals, got {len(items)}")
     out = []
+    attrs = communities = 0  # bounded per request: matching and fan-out cost follow them
     for i, item in enumerate(items):
         if type(item) is not list:
             raise InvalidParams(
@@ -218,10 +225,20 @@ def signal_batch(params: list[Any]) -> list[SignalArgs]:
                 f" got {_describe(item)}"
             )
         try:
-            out.append(signal(item))
+            parsed = signal(item)
         except InvalidParams:
             signal(item, f"signals[{i}].")  # the same error again, now naming the item
             raise
+        out.append(parsed)
+        if parsed.attrs or parsed.communities:
+            attrs += len(parsed.attrs)
+            communities += len(parsed.communities)
+            if attrs > MAX_BATCH_ATTRS or communities > MAX_FANOUT:
+                raise InvalidParams(
+                    f"signals: at most {MAX_BATCH_ATTRS} attributes and {MAX_FANOUT} communities"
+                    f" in all per request; signals[..{i}] carry {attrs} and {communities}:"
+                    " send fewer signals per batch"
+                )
     return out
 
 
@@ -249,7 +266,52 @@ def predicate(value: object) -> Predicate:
             out[key] = [scalar(v, f"{at}[{i}]") for i, v in enumerate(item)]
         else:
             out[key] = scalar(item, at)
+    terms = sum(len(v) if type(v) is list else 1 for v in out.values())
+    if terms > MAX_PREDICATE_TERMS:
+        raise InvalidParams(f"{where}: at most {MAX_PREDICATE_TERMS} values in all, got {terms}")
+    size = len(msgpack.packb(out))
+    if size > MAX_PREDICATE_BYTES:
+        raise InvalidParams(f"{where}: at most {MAX_PREDICATE_BYTES} bytes encoded, got {size}")
     return out
+
+
+#: where a page of ``counts`` starts: after this aggregate (layer, key, kind)
+Cursor: TypeAlias = tuple[int, int | str, str]
+
+
+def page(value: object, method: str, keys: tuple[str, ...], most: int) -> dict[str, Any]:
+    """A page request ``{"after": ..., "limit": n}``: the keys it holds, checked for shape
+    here and for meaning by the method."""
+    where = "page"
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map with {' and/or '.join(map(repr, keys))}")
+    out: dict[str, Any] = {}
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key not in keys:
+            raise InvalidParams(
+                f"{where}: unknown key {key!r}; {method} takes {' and '.join(map(repr, keys))}"
+            )
+        if key == "limit" and (type(item) is not int or not 1 <= item <= most):
+            raise InvalidParams(f"{where}.limit: must be an integer in 1..{most}")
+        out[key] = item
+    return out
+
+
+def cursor(value: object) -> Cursor:
+    """The ``more`` of a previous ``counts`` reply, given back."""
+    where = "page.after"
+    if type(value) is not list or len(value) != 3 or value[0] not in (0, 1, 2):
+        raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
+    layer, key, kind = value
+    if layer == 1:
+        if type(key) is not int:
+            raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
+    else:
+        key = text(key, f"{where}[1]", NAME_MAX_BYTES) if key != "" else ""
+    return (layer, key, text(kind, f"{where}[2]", KIND_MAX_BYTES))
 
 
 def _describe(value: object) -> str:

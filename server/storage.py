@@ -113,7 +113,10 @@ _KEYS: Final = _Bulk("INSERT OR REPLACE INTO signal_keys (key, seq, forwarded, t
 _BULK_ROWS: Final = 512  # rows per statement: 512 x 8 parameters, well under SQLite's 32766
 _SELECT_COUNTS: Final = """
     SELECT layer, key, kind, count, weight FROM aggregates
-    WHERE entity = ? ORDER BY layer, key, kind"""
+    WHERE entity = ? ORDER BY layer, key, kind LIMIT ?"""
+_SELECT_COUNTS_AFTER: Final = """
+    SELECT layer, key, kind, count, weight FROM aggregates
+    WHERE entity = ? AND (layer, key, kind) > (?, ?, ?) ORDER BY layer, key, kind LIMIT ?"""
 _LOAD_CHUNK: Final = 500_000
 _SELECT_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id >= 0"
@@ -297,7 +300,12 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
 def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
     """Runs on the storage thread. True if a transaction was committed."""
     for read in batch.reads:
-        read.rows = db.execute(_SELECT_COUNTS, (read.entity,)).fetchall()
+        args: tuple[Any, ...]
+        if read.after is None:
+            query, args = _SELECT_COUNTS, (read.entity, read.limit + 1)
+        else:
+            query, args = _SELECT_COUNTS_AFTER, (read.entity, *read.after, read.limit + 1)
+        read.rows = db.execute(query, args).fetchall()
         read.table_watermark = _watermark(db)
     if not batch.writes and batch.checkpoint is None:
         return False

@@ -76,7 +76,8 @@ async def attack(port: int, payload: bytes, outcome: int) -> None:
 
 
 async def test_hostile_inputs_leave_honest_clients_and_memory_alone(db_path: Path) -> None:
-    proc = ServerProcess(db_path)
+    # a message that announces more than can come stalls; it is closed after 3 s
+    proc = ServerProcess(db_path, "--message-timeout", "3")
     await proc.start()
     assert proc.proc is not None
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import msgpack
 import pytest
 
@@ -90,7 +92,6 @@ def test_a_misshapen_request_with_a_msgid_is_answered_not_fatal(
         msgpack.packb([1, 1, None]),
         b"\xc1",
         b"\x91" * 2000,  # nesting far deeper than 1024
-        b"\xdd\xff\xff\xff\xff",  # an array claiming 2**32-1 items
     ],
 )
 def test_what_cannot_be_answered_breaks_the_connection(data: bytes) -> None:
@@ -121,6 +122,35 @@ def test_a_string_claiming_a_gigabyte_is_refused_once_it_passes_the_limit() -> N
             events(conn, b"a" * 1000)
     assert info.value.code == ErrorCode.TOO_LARGE
     assert info.value.msgid == 5
+
+
+def test_array_headers_cost_no_memory_until_their_elements_arrive() -> None:
+    """5 bytes announcing 16,000 elements made msgpack reserve 128 KiB at once: 1 KiB of
+    them pinned 13 MB per connection. Memory now follows the bytes received."""
+    conn = Connection()
+    headers = b"\xdd\x00\x00\x3e\x80" * 200  # 1,000 bytes, 3.2 million elements announced
+    tracemalloc.start()
+    try:
+        assert events(conn, headers) == []
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 64 * 1024, f"1,000 bytes of headers hold {held} bytes"
+    # and a header announcing more than could ever fit is refused once the limit is passed
+    small = Connection(max_message_size=1024)
+    assert events(small, b"\xdd\xff\xff\xff\xff") == []
+    with pytest.raises(RemoteProtocolError) as info:
+        events(small, b"\x00" * 2048)
+    assert info.value.code == ErrorCode.TOO_LARGE
+
+
+def test_pending_counts_the_bytes_of_a_partial_message() -> None:
+    conn = Connection()
+    whole = msgpack.packb([0, 1, "ping", []])
+    partial = msgpack.packb([0, 2, "signal", [1, "e", "view"]])[:-3]
+    assert len(events(conn, whole + partial)) == 1
+    assert conn.offset == len(whole)
+    assert conn.pending == len(partial)
 
 
 def test_many_small_messages_in_one_chunk_are_not_too_large() -> None:
