@@ -80,21 +80,11 @@ class Connection:
         # announces: 5 bytes asking for 16,000 elements cost 128 KiB, so a few KiB could
         # pin gigabytes. A whole message's headers announce only elements that are there,
         # each at least one byte, so memory follows the bytes received.
-        self._scanner = msgpack.Unpacker(max_buffer_size=2 * max_message_size)
-        self._unpacker = msgpack.Unpacker(
-            raw=False,
-            use_list=True,
-            strict_map_key=False,
-            unicode_errors="surrogateescape",
-            max_buffer_size=2 * max_message_size,
-            # every element takes at least one byte, so these only refuse early
-            # what the size limit would refuse later
-            max_str_len=max_message_size,
-            max_bin_len=max_message_size,
-            max_array_len=max_message_size,
-            max_map_len=max_message_size,
-            max_ext_len=max_message_size,
-        )
+        # Each Unpacker holds a 40 KiB parse stack: they are made when bytes come, and let
+        # go of by ``rest`` while nothing is pending, so an idle connection costs little.
+        self._scanner: msgpack.Unpacker | None = None
+        self._unpacker: msgpack.Unpacker | None = None
+        self._base = 0  # stream offset where the present Unpackers began
         self._packer = msgpack.Packer(use_bin_type=True, autoreset=True)
         # Why the stream broke, kept as data: a stored exception would hold, by its
         # traceback, the frames that hold this object, and keep its buffers alive
@@ -120,6 +110,33 @@ class Connection:
             self._input.append(data)
             self.received += len(data)
 
+    def _start(self) -> tuple[msgpack.Unpacker, msgpack.Unpacker]:
+        size = self.max_message_size
+        self._base = self._scanned  # all before it was whole messages, all decoded
+        self._scanner = msgpack.Unpacker(max_buffer_size=2 * size, read_size=min(4096, 2 * size))
+        self._unpacker = msgpack.Unpacker(
+            read_size=min(4096, 2 * size),
+            raw=False,
+            use_list=True,
+            strict_map_key=False,
+            unicode_errors="surrogateescape",
+            max_buffer_size=2 * size,
+            # every element takes at least one byte, so these only refuse early
+            # what the size limit would refuse later
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=size,
+            max_map_len=size,
+            max_ext_len=size,
+        )
+        return self._scanner, self._unpacker
+
+    def rest(self) -> None:
+        """Let go of the decoder while no message is pending: ~88 KiB per idle connection."""
+        if self.received == self.offset and not self._ready and self._scanner is not None:
+            self._scanner = self._unpacker = None
+            self._pieces.clear()
+
     @property
     def pending(self) -> int:
         """Bytes received that are not yet part of a message returned: a partial message's
@@ -132,6 +149,7 @@ class Connection:
             raise RemoteProtocolError(*self._broken)
         if not self._ready and not self._scan():
             return NEED_DATA
+        assert self._unpacker is not None  # _scan made it
         try:
             obj = self._unpacker.unpack()
         except ValueError as exc:
@@ -141,7 +159,7 @@ class Connection:
         except Exception as exc:  # unhashable map keys, and what the scanner could not see
             self._malformed(exc, self.offset)
         self._ready -= 1
-        self.offset = self._unpacker.tell()
+        self.offset = self._base + self._unpacker.tell()
         pieces = self._pieces
         while len(pieces) > 1 and pieces[1][0] <= self.offset:
             pieces.popleft()
@@ -153,6 +171,10 @@ class Connection:
         False when not one whole message is there yet.
         """
         scanner = self._scanner
+        if scanner is None:
+            if not self._input:
+                return False
+            scanner, _ = self._start()
         limit = self.max_message_size
         found = 0
         while True:
@@ -168,7 +190,7 @@ class Connection:
                 continue
             except Exception as exc:  # FormatError, StackError
                 self._malformed(exc, self._found)
-            end = scanner.tell()
+            end = self._base + scanner.tell()
             if end - self._found > limit:
                 self._too_large(self._found)
             self._found = end
@@ -191,6 +213,7 @@ class Connection:
             self._input.appendleft(rest)
         self._pieces.append((self._scanned, piece))
         self._scanned += len(piece)
+        assert self._scanner is not None
         try:
             self._scanner.feed(piece)
         except msgpack.BufferFull:
@@ -206,6 +229,7 @@ class Connection:
             if start >= upto:
                 break
             part = piece[max(self._given - start, 0) : upto - start]
+            assert self._unpacker is not None
             self._unpacker.feed(part)
             self._given = start + (upto - start if upto < end else len(piece))
 

@@ -20,8 +20,7 @@ MAX_PREDICATE_BYTES: Final = 64 * 1024
 #: an aggregate (name, kind and tally) takes at most this in a ``counts`` reply, so a page
 #: of ``limit`` of them fits a message of ``limit`` x this
 SLOT_REPLY_BYTES: Final = 256
-#: aggregates in one page of ``counts``, when the caller does not say
-COUNTS_PAGE: Final = 4096
+
 MAX_BATCH: Final = 10_000
 MAX_COHORTS: Final = 1_000  # every forwarded signal is matched against each one
 KEY_MAX_BYTES: Final = 64  # a signal's idempotency key, context "id"

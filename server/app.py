@@ -199,6 +199,7 @@ class Server:
             await asyncio.sleep(min(timeout, message_timeout) / 4)
             now = time.monotonic()
             cutoff = now - timeout
+            quiet = now - min(timeout, message_timeout) / 4
             for conn in list(self.connections):
                 if conn.closed:
                     continue
@@ -206,6 +207,8 @@ class Server:
                     conn.close_idle(timeout)
                 elif conn.partial_since is not None and conn.partial_since < now - message_timeout:
                     conn.close_stalled(message_timeout)
+                elif conn.last_active < quiet:
+                    conn.conn.rest()  # quiet since the last sweep: let its decoder go
 
     async def shutdown(self) -> None:
         """Stop accepting and reading, commit and answer what was read, then close everything."""

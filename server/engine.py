@@ -20,7 +20,6 @@ import msgpack
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE, ErrorCode
 from tidal.protocol.limits import (
-    COUNTS_PAGE,
     ENTITY_MAX_BYTES,
     MAX_COHORTS,
     MAX_FANOUT,
@@ -216,8 +215,7 @@ class Engine:
         batch = self._writable()
         now = self._clock()
         record = self._record
-        if not self._cohorts:
-            self._fanout([len(s.communities) for s in signals])
+        if not self._cohorts:  # fan-out is the communities named, bounded by params
             self._ack(conn, msgid, [record(batch, s, now) for s in signals])
             return
         # matched first, to bound the request's fan-out before any of it is applied
@@ -419,7 +417,7 @@ class Engine:
         most = self._reply_budget // SLOT_REPLY_BYTES
         page = params.page(args[1] if len(args) > 1 else None, "counts", ("after", "limit"), most)
         after = params.cursor(page["after"]) if page.get("after") is not None else None
-        limit = page.get("limit", min(COUNTS_PAGE, most))
+        limit = page.get("limit", most)
         if msgid is None:
             conn.reply(None, None)
             return

@@ -128,6 +128,7 @@ def test_array_headers_cost_no_memory_until_their_elements_arrive() -> None:
     """5 bytes announcing 16,000 elements made msgpack reserve 128 KiB at once: 1 KiB of
     them pinned 13 MB per connection. Memory now follows the bytes received."""
     conn = Connection()
+    assert len(events(conn, msgpack.packb([0, 1, "ping", []]))) == 1  # the decoder is made
     headers = b"\xdd\x00\x00\x3e\x80" * 200  # 1,000 bytes, 3.2 million elements announced
     tracemalloc.start()
     try:
@@ -151,6 +152,20 @@ def test_pending_counts_the_bytes_of_a_partial_message() -> None:
     assert len(events(conn, whole + partial)) == 1
     assert conn.offset == len(whole)
     assert conn.pending == len(partial)
+
+
+def test_a_resting_connection_lets_go_of_its_decoder_and_goes_on() -> None:
+    conn = Connection()
+    ping = msgpack.packb([0, 1, "ping", []])
+    assert len(events(conn, ping)) == 1
+    conn.rest()
+    assert conn._scanner is None and conn._unpacker is None
+    half = msgpack.packb([0, 2, "status", [7]])
+    assert events(conn, ping + half[:5]) != [] and conn.pending == 5
+    conn.rest()  # a message is pending: the decoder stays
+    assert conn._scanner is not None
+    (event,) = events(conn, half[5:])
+    assert event == Request(2, "status", [7]) and conn.offset == len(ping) * 2 + len(half)
 
 
 def test_many_small_messages_in_one_chunk_are_not_too_large() -> None:
