@@ -14,34 +14,10 @@ import msgpack
 from tidal.client import Client
 
 from .conftest import ServerProcess
+from .rawrpc import RawPeer
 from .test_hostile import rss_kib
 
 MIB = 1024
-
-
-class Peer:
-    """A raw connection that pipelines what it is given and reads every reply."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 30)
-
-    @classmethod
-    async def open(cls, port: int) -> Peer:
-        return cls(*await asyncio.open_connection("127.0.0.1", port, limit=1 << 24))
-
-    async def receive(self, timeout: float = 60) -> Any:
-        while True:
-            for obj in self.unpacker:
-                return obj
-            data = await asyncio.wait_for(self.reader.read(1 << 20), timeout)
-            if not data:
-                return None
-            self.unpacker.feed(data)
-
-    async def call(self, method: str, *params: Any, msgid: int = 1) -> Any:
-        self.writer.write(msgpack.packb([0, msgid, method, list(params)]))
-        return await self.receive()
 
 
 async def pings_while(port: int, work: asyncio.Future[Any]) -> float:
@@ -82,7 +58,7 @@ async def test_auth_pipelined_with_a_larger_request_is_answered(db_path: Path) -
     """Pre-auth bytes are counted per message: before, the segment was, and both were lost."""
     proc = await ServerProcess(db_path, "--token", "a-token-of-16-chars").start()
     try:
-        peer = await Peer.open(proc.port)
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
         batch = [[i, "e", "view"] for i in range(300)]
         peer.writer.write(
             msgpack.packb([0, 1, "auth", ["a-token-of-16-chars"]])
@@ -102,7 +78,7 @@ async def test_a_stalled_partial_message_is_closed_after_the_message_timeout(
     """Before: 20 almost-whole 4 MB messages pinned 212 MB until the 300 s idle timeout."""
     proc = await ServerProcess(db_path, "--message-timeout", "1").start()
     try:
-        peer = await Peer.open(proc.port)
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
         whole = msgpack.packb([0, 1, "signal_batch", [[[i, "e" * 200, "v"] for i in range(9000)]]])
         peer.writer.write(whole[:-1])
         began = time.monotonic()
@@ -120,7 +96,7 @@ async def test_near_miss_cohorts_do_not_freeze_the_loop(db_path: Path) -> None:
     carries at most 50,000 attributes."""
     proc = await ServerProcess(db_path).start()
     try:
-        peer = await Peer.open(proc.port)
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
         attrs = {f"a{i}": "x" for i in range(64)}
         for c in range(1000):
             predicate = dict(attrs)
@@ -153,7 +129,7 @@ async def test_a_client_that_reads_everything_gets_every_acknowledgement(db_path
     proc = await ServerProcess(db_path, "--max-output-buffer", str(1 << 20)).start()
     assert proc.proc is not None
     try:
-        peer = await Peer.open(proc.port)
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
         request = msgpack.packb(
             [0, 0, "signal_batch", [[[i, f"e{i % 1000}", "v"] for i in range(10_000)]]]
         )
@@ -222,7 +198,7 @@ async def test_a_busy_entity_is_read_in_pages_that_fit_a_message(db_path: Path) 
     reader was dropped; a cohorts list of 12 MB was sent over the 8 MiB limit."""
     proc = await ServerProcess(db_path).start()
     try:
-        peer = await Peer.open(proc.port)
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
         pad = "x" * 30
         for r in range(3):
             batch = [
@@ -258,7 +234,7 @@ async def test_fan_out_is_bounded_per_request_and_checkpointed_by_size(db_path: 
     proc = await ServerProcess(db_path).start()
     assert proc.proc is not None
     try:
-        peer = await Peer.open(proc.port)
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
         for c in range(1000):
             peer.writer.write(msgpack.packb([0, c, "define_cohort", [f"all{c}", {}]]))
         for _ in range(1000):
