@@ -1,6 +1,6 @@
 """MessagePack-RPC for tidal, sans-I/O: no sockets, no event loop, only bytes and messages."""
 
-from .connection import DEFAULT_MAX_MESSAGE_SIZE, NEED_DATA, Connection
+from .connection import DECODING, DEFAULT_MAX_MESSAGE_SIZE, NEED_DATA, Connection
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .messages import (
     MSGID_MAX,
@@ -15,6 +15,7 @@ from .messages import (
 )
 
 __all__ = [
+    "DECODING",
     "DEFAULT_MAX_MESSAGE_SIZE",
     "MSGID_MAX",
     "MSGID_MIN",

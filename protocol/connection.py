@@ -7,6 +7,7 @@ is bounded by ``max_message_size``.
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 from typing import Any, Final, NoReturn, TypeGuard
 
@@ -29,7 +30,10 @@ from .messages import (
 )
 
 DEFAULT_MAX_MESSAGE_SIZE: Final = 8 * 1024 * 1024
-_HEAD_SIZE: Final = 16  # [0, msgid, ...] fits: 1 + 1 + 9 bytes at most
+_HEAD_SIZE: Final = 16
+_PAUSE_GC_ABOVE: Final = (
+    64 * 1024
+)  # bytes waiting to be decoded  # [0, msgid, ...] fits: 1 + 1 + 9 bytes at most
 
 
 class _NeedData:
@@ -40,6 +44,16 @@ class _NeedData:
 
 
 NEED_DATA: Final = _NeedData()
+
+
+class _Decoding:
+    """Sentinel type: part of a large message was decoded; call ``next_event`` again."""
+
+    def __repr__(self) -> str:
+        return "DECODING"
+
+
+DECODING: Final = _Decoding()
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -70,10 +84,18 @@ class Connection:
     msgpack's ``Unpacker`` state is undefined after a decode error.
     """
 
-    def __init__(self, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> None:
+    def __init__(
+        self,
+        *,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        decode_slice: int | None = None,
+    ) -> None:
+        """``decode_slice``: decode a larger message this many bytes at a time, returning
+        ``DECODING`` between slices, so that a caller can do other work in between."""
         if max_message_size < 64:
             raise ValueError("max_message_size must be at least 64 bytes")
         self.max_message_size = max_message_size
+        self._slice = decode_slice or 2 * max_message_size
         # Two passes. The scanner walks the bytes as they come and builds nothing, to
         # find where each message ends; only whole messages reach the decoder. A decoder
         # fed a partial message would already hold a list as long as each array header
@@ -95,7 +117,7 @@ class Connection:
         self._scanned = 0  # stream offset up to which the scanner has been fed
         self._found = 0  # stream offset where the last message the scanner found ends
         self._given = 0  # stream offset up to which the decoder has been fed
-        self._ready = 0  # whole messages given to the decoder and not yet decoded
+        self._ends: deque[int] = deque()  # stream offsets where whole messages found end
         self.offset = 0  # stream offset where the last message decoded ends
         # pieces scanned, with their stream offsets, from the one holding ``offset``:
         # what the decoder is given, and where a refused message's msgid is read
@@ -133,7 +155,7 @@ class Connection:
 
     def rest(self) -> None:
         """Let go of the decoder while no message is pending: ~88 KiB per idle connection."""
-        if self.received == self.offset and not self._ready and self._scanner is not None:
+        if self.received == self.offset and not self._ends and self._scanner is not None:
             self._scanner = self._unpacker = None
             self._pieces.clear()
 
@@ -143,30 +165,47 @@ class Connection:
         share of them is what a slow or stalled sender makes us hold."""
         return self.received - self.offset
 
-    def next_event(self) -> Event | _NeedData:
-        """The next complete event, or ``NEED_DATA``; raises ``RemoteProtocolError``."""
+    def next_event(self) -> Event | _NeedData | _Decoding:
+        """The next complete event, ``NEED_DATA``, or ``DECODING`` (see ``decode_slice``);
+        raises ``RemoteProtocolError``."""
         if self._broken is not None:
             raise RemoteProtocolError(*self._broken)
-        if not self._ready and not self._scan():
+        if not self._ends and not self._scan():
             return NEED_DATA
         assert self._unpacker is not None  # _scan made it
+        end = self._ends[0]
+        if self._given < end:
+            # whole messages only, so each header's elements are there; a large one a
+            # slice at a time
+            large = end - self._given > self._slice
+            self._give(self._given + self._slice if large else self._found)
+        # A large message may hold millions of containers; the cyclic GC, run again and
+        # again while they are built, made 8 MiB of empty arrays take 4.2 s, not 0.5 s.
+        pause_gc = end - self.offset > _PAUSE_GC_ABOVE and gc.isenabled()
+        if pause_gc:
+            gc.disable()
         try:
             obj = self._unpacker.unpack()
+        except msgpack.OutOfData:
+            return DECODING  # the rest of this message is given next time
         except ValueError as exc:
             if "exceeds max_" in str(exc):
                 self._too_large(self.offset)
             self._malformed(exc, self.offset)
         except Exception as exc:  # unhashable map keys, and what the scanner could not see
             self._malformed(exc, self.offset)
-        self._ready -= 1
-        self.offset = self._base + self._unpacker.tell()
+        finally:
+            if pause_gc:
+                gc.enable()
+        self._ends.popleft()
+        self.offset = end
         pieces = self._pieces
         while len(pieces) > 1 and pieces[1][0] <= self.offset:
             pieces.popleft()
         return self._classify(obj)
 
     def _scan(self) -> bool:
-        """Find the whole messages in what was received and give them to the decoder.
+        """Find where the whole messages in what was received end.
 
         False when not one whole message is there yet.
         """
@@ -194,12 +233,9 @@ class Connection:
             if end - self._found > limit:
                 self._too_large(self._found)
             self._found = end
+            self._ends.append(end)
             found += 1
-        if not found:
-            return False
-        self._give(self._found)
-        self._ready += found
-        return True
+        return found > 0
 
     def _feed(self) -> bool:
         """Hand the scanner the next piece of input, never more than one message's worth at

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from tidal.protocol import (
+    DECODING,
     NEED_DATA,
     RESPONSE,
     BadRequest,
@@ -29,6 +30,7 @@ from tidal.protocol import (
 
 from .batch import Replier
 from .config import Config
+from .dispose import Disposer
 from .metrics import Metrics
 
 log = logging.getLogger("tidal.connection")
@@ -49,6 +51,7 @@ class ServerState:
     connections: set[ServerConnection] = field(default_factory=set)
     #: the engine holds all the uncommitted work it may: no connection applies more
     held: bool = False
+    disposer: Disposer = field(default_factory=Disposer)
 
     def hold(self, on: bool) -> None:
         """Stop, or let go on, every connection: the engine's back-pressure, one switch
@@ -98,6 +101,8 @@ AUTH_ATTEMPTS = 3
 #: Applying requests from one connection gives the loop back after this long, so that
 #: a client with much to do never keeps the others waiting for longer.
 SLICE_SECONDS = 0.02
+#: A larger message is decoded, and let go of, this many bytes' worth at a time.
+DECODE_SLICE = 64 * 1024
 #: Large reads (``counts``) one connection may have awaiting replies.
 MAX_PENDING_READS = 16
 
@@ -128,7 +133,9 @@ class ServerConnection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = cast(asyncio.Transport, transport)
         self.peer = self.transport.get_extra_info("peername")
-        self.conn = Connection(max_message_size=self._config.max_message_size)
+        self.conn = Connection(
+            max_message_size=self._config.max_message_size, decode_slice=DECODE_SLICE
+        )
         self.flow = FlowControl(self.transport, self._schedule)
         if len(self._connections) >= self._config.max_connections:
             log.warning("refusing %s: %d connections open", self.peer, len(self._connections))
@@ -193,7 +200,16 @@ class ServerConnection(asyncio.Protocol):
         self._input_left = True
         try:
             while not (flow.stopped or self.closed):
+                start = conn.offset
                 event = conn.next_event()
+                if event is DECODING:  # a slice of a large message: the clock still runs
+                    if not self.authenticated:
+                        self._too_much_before_auth()
+                        return
+                    if time.monotonic() - began > SLICE_SECONDS:
+                        flow.set(FlowControl.YIELDED, True)
+                        self._schedule()
+                    continue
                 if event is NEED_DATA:
                     self._input_left = False
                     if not self.authenticated and conn.received > PREAUTH_BYTES:
@@ -224,6 +240,9 @@ class ServerConnection(asyncio.Protocol):
                     self.inflight += 1
                     self.reply_error(event.msgid, event.code, event.message)
                 # a stray Response is ignored: we never send requests
+                if conn.offset - start > DECODE_SLICE and type(event) in (Request, Notification):
+                    # freed a slice at a time, not all at once when ``event`` goes
+                    self._state.disposer.add(cast(Request, event).params)
                 if self.inflight >= self._max_inflight:
                     flow.set(FlowControl.BUSY, True)
                 now = time.monotonic()

@@ -255,3 +255,26 @@ async def test_fan_out_is_bounded_per_request_and_checkpointed_by_size(db_path: 
         peer.writer.close()
     finally:
         await proc.stop()
+
+
+async def test_a_message_of_millions_of_empty_arrays_is_decoded_in_slices(db_path: Path) -> None:
+    """Before: 8 MiB of empty arrays was decoded, and freed, in one go (the GC running
+    again and again over what was built): an honest ping waited 4.1 s."""
+    proc = await ServerProcess(db_path).start()
+    try:
+        count = (8 << 20) - 64
+        message = b"\x94\x00\x01\xa4ping\x91\xdd" + count.to_bytes(4, "big") + b"\x90" * count
+        peer = await RawPeer.open(("127.0.0.1", proc.port))
+
+        async def attack() -> Any:
+            peer.send_raw(message)
+            return await peer.receive(timeout=60)
+
+        work = asyncio.ensure_future(attack())
+        longest = await pings_while(proc.port, work)
+        error = work.result()[2]
+        assert error[0] == -32602 and "ping takes 0 params" in error[1], error
+        assert longest < 1.5, f"an honest ping waited {longest:.3f} s"
+        peer.close()
+    finally:
+        await proc.stop()

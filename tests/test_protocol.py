@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from tidal.protocol import (
+    DECODING,
     NEED_DATA,
     BadRequest,
     Connection,
@@ -166,6 +167,18 @@ def test_a_resting_connection_lets_go_of_its_decoder_and_goes_on() -> None:
     assert conn._scanner is not None
     (event,) = events(conn, half[5:])
     assert event == Request(2, "status", [7]) and conn.offset == len(ping) * 2 + len(half)
+
+
+def test_a_large_message_is_decoded_a_slice_at_a_time() -> None:
+    message = msgpack.packb([0, 9, "signal_batch", [[[i, "e", "view"] for i in range(20_000)]]])
+    conn = Connection(decode_slice=4096)
+    conn.receive_data(message + msgpack.packb([0, 10, "ping", []]))
+    slices = 0
+    while (event := conn.next_event()) is DECODING:
+        slices += 1
+    assert slices >= len(message) // 4096 - 1
+    assert event == Request(9, "signal_batch", [[[i, "e", "view"] for i in range(20_000)]])
+    assert conn.next_event() == Request(10, "ping", [])
 
 
 def test_many_small_messages_in_one_chunk_are_not_too_large() -> None:
