@@ -22,14 +22,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-import msgpack
-
 from tidal.protocol.limits import WEIGHT_MAX
 
-LEDGER, COHORT, COMMUNITY = 0, 1, 2
+from . import ledger
+from .ledger import COHORT, LEDGER, Slot
 
-#: (layer, key, kind): key is "" for the ledger, a cohort id, or a community name
-Slot: TypeAlias = tuple[int, int | str, str]
 #: entity -> slot -> [count, weight]
 Deltas: TypeAlias = dict[str, dict[Slot, list[Any]]]
 
@@ -54,16 +51,6 @@ def merge(into: Deltas, more: Deltas) -> int:
             _add_copy(mine, slots)
             gained += len(mine) - before
     return gained
-
-
-def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
-    """One signal more in ``slot``."""
-    tally = tallies.get(slot)
-    if tally is None:
-        tallies[slot] = [1, weight]
-    else:
-        tally[0] += 1
-        tally[1] += weight
 
 
 def _add_copy(
@@ -162,7 +149,7 @@ class Aggregates:
     def replay(self, rows: Iterable[tuple[str, str, float, int, bytes | None]]) -> int:
         """Rebuild the live deltas from ledger rows above the watermark (at boot).
 
-        A row's context is ``[communities, attrs, cohort ids]`` (see ``Engine._record``).
+        Each row counts as the signal did live (``ledger.count``).
         """
         live = self.live
         count = 0
@@ -171,14 +158,14 @@ class Aggregates:
                 # written by a tidal that did not bound weights: counted at the bound, so
                 # that no sum becomes inf - inf = NaN, which no checkpoint could store
                 weight = math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
-            slots: list[Slot] = [(LEDGER, "", kind)]
+            mine = live.get(entity)
+            if mine is None:
+                mine = live[entity] = {}
             if forwarded and context is not None:
-                communities, _, cohorts = msgpack.unpackb(context, raw=False)
-                slots += [(COHORT, cid, kind) for cid in cohorts]
-                slots += [(COMMUNITY, name, kind) for name in communities]
-            mine = live.setdefault(entity, {})
-            for slot in slots:
-                bump(mine, slot, weight)
+                communities, _, cohorts = ledger.decode(context)
+                ledger.count(mine, kind, weight, cohorts, communities)
+            else:
+                ledger.count(mine, kind, weight, (), ())
             count += 1
         self._signals = count
         self.tallies = sum(map(len, live.values()))

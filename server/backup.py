@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import BackupFailed
+
 
 @dataclass(frozen=True, slots=True)
 class BackupInfo:
@@ -22,10 +24,6 @@ class BackupInfo:
     ledger_rows: int
     leave_records: int
     bytes: int
-
-
-class BackupFailed(Exception):
-    """The copy was not made; the message names the file and the cause."""
 
 
 def backup(db: str | Path, dest: str | Path) -> BackupInfo:

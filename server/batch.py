@@ -9,17 +9,28 @@ put memory back as it was, so memory never claims what the disk does not hold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 from .aggregates import CountsRead, Deltas
 from .cohorts import Cohort
-from .members import Prior
+from .ledger import Row
 
-#: seq, user_id (signed), entity, kind, weight, ts_ns, forwarded, context
-LedgerRow: TypeAlias = tuple[int, int, str, str, float, int, bool, bytes | None]
-#: Undo records, applied in reverse: ("member", user_id, prior), ("cohort", name, old cohort)
-#: or ("key", idempotency key, what it mapped to before)
-Undo: TypeAlias = tuple[str, Any, Any]
+
+class Undo(Protocol):
+    """How to put back one change to memory that a batch carried, should its commit fail.
+    Each part of the state (leave state, cohorts, idempotency keys) makes its own."""
+
+    def undo(self) -> None: ...
+
+
+class Later:
+    """A reply worked out only once its batch is done (a read of the table, a health check).
+    ``survives_failure``: answered even if the commit failed (it reports, not reveals)."""
+
+    survives_failure = False
+
+    def answer(self) -> Any:
+        raise NotImplementedError
 
 
 class Replier(Protocol):
@@ -39,7 +50,7 @@ class Replier(Protocol):
 @dataclass(slots=True)
 class Batch:
     first_seq: int
-    ledger: list[LedgerRow] = field(default_factory=list)
+    ledger: list[Row] = field(default_factory=list)
     deltas: Deltas = field(default_factory=dict)  # this batch's share of the aggregates
     reads: list[CountsRead] = field(default_factory=list)
     memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
@@ -58,11 +69,6 @@ class Batch:
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0
-
-    def member(self, user_id: int, prior: Prior, left: bool, left_at_ns: int) -> None:
-        self.undo.append(("member", user_id, prior))
-        self.memberships[user_id] = (left, left_at_ns)
-        self.writes += 1
 
     def pending(self) -> bool:
         return bool(self.writes or self.replies or self.reads or self.checkpoint is not None)

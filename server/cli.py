@@ -503,7 +503,8 @@ def _iso(ns: int) -> str:
 
 
 def _backup(args: argparse.Namespace) -> int:
-    from .backup import BackupFailed, backup
+    from .backup import backup
+    from .errors import BackupFailed
 
     try:
         info = backup(args.db, args.dest)

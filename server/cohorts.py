@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, TypeAlias
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
 
 import msgpack
 
+from tidal.protocol.limits import MAX_COHORTS
+
+from .errors import InvalidParams
 from .params import Predicate, Scalar
+
+if TYPE_CHECKING:
+    from .batch import Batch
 
 _pack = msgpack.Packer(use_bin_type=True).pack
 
@@ -148,3 +154,87 @@ def index(cohorts: Iterable[Cohort]) -> CohortIndex:
 
 def _as_list(values: Scalar | list[Scalar]) -> list[Scalar]:
     return values if isinstance(values, list) else [values]
+
+
+class Registry:
+    """The cohorts defined now, by name, with their match index.
+
+    A cohort gets a fresh id per definition: the aggregates of a replaced one never
+    mix into its successor's. Changes are recorded in a batch with their undo.
+    """
+
+    def __init__(self, loaded: Iterable[tuple[int, str, Predicate]], next_id: int) -> None:
+        self._by_name: dict[str, Cohort] = {
+            name: Cohort.build(cid, name, predicate) for cid, name, predicate in loaded
+        }
+        self._next_id = next_id
+        self._index = index(self._by_name.values())
+        self._names: dict[int, str] | None = None  # id -> name, made when asked
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_name)
+
+    def get(self, name: str) -> Cohort | None:
+        return self._by_name.get(name)
+
+    def items(self) -> Iterable[tuple[str, Cohort]]:
+        return self._by_name.items()
+
+    def match(self, attrs: dict[str, Scalar]) -> tuple[int, ...]:
+        """The ids of the cohorts ``attrs`` satisfy (on the signal path)."""
+        return self._index.match(attrs) if self._by_name else ()
+
+    def names(self) -> dict[int, str]:
+        """Cohort id -> name, for the cohorts defined now."""
+        if self._names is None:
+            self._names = {c.id: name for name, c in self._by_name.items()}
+        return self._names
+
+    def define(self, batch: Batch, name: str, predicate: Predicate) -> bool:
+        """False when the same rule is already defined under ``name`` (its counts go on)."""
+        old = self._by_name.get(name)
+        cohort = Cohort.build(self._next_id, name, predicate)
+        if old is not None and old.same_rule(cohort):
+            return False
+        if old is None and len(self._by_name) >= MAX_COHORTS:
+            raise InvalidParams(f"name: at most {MAX_COHORTS} cohorts may be defined; drop one")
+        self._next_id += 1
+        batch.next_cohort_id = self._next_id
+        self._set(batch, name, old, cohort)
+        return True
+
+    def drop(self, batch: Batch, name: str) -> bool:
+        old = self._by_name.get(name)
+        if old is None:
+            return False
+        self._set(batch, name, old, None)
+        return True
+
+    def _set(self, batch: Batch, name: str, old: Cohort | None, new: Cohort | None) -> None:
+        batch.undo.append(_Put(self, name, old))
+        batch.cohorts[name] = new
+        batch.writes += 1
+        self.put(name, new)
+
+    def put(self, name: str, cohort: Cohort | None) -> None:
+        old = self._by_name.pop(name, None)
+        if old is not None:
+            self._index.remove(old)
+        if cohort is not None:
+            self._by_name[name] = cohort
+            self._index.add(cohort)
+        if self._index.wasted > max(len(self._by_name), 64):
+            self._index = index(self._by_name.values())
+        self._names = None
+
+
+class _Put(NamedTuple):
+    registry: Registry
+    name: str
+    prior: Cohort | None
+
+    def undo(self) -> None:
+        self.registry.put(self.name, self.prior)

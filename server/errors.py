@@ -1,14 +1,64 @@
-"""Mistakes an operator can make before a single request is served.
+"""Every way the server says no, in one hierarchy.
 
-Each is told in one line that names the cause, and ``tidal serve`` exits 2:
-a wrong path, a bad setting, a database another tidal holds. None of them is
-worth a traceback, and none of them may leave anything changed on disk.
+``RequestError``s are answered to the client with their wire code and message;
+``StartupError``s are an operator's mistake before a single request is served,
+told in one line that names the cause (``tidal serve`` exits 2, nothing changed
+on disk); ``StorageFailure`` is a commit that did not happen.
 """
 
 from __future__ import annotations
 
+from tidal.protocol import ErrorCode
 
-class StartupError(Exception):
+
+class TidalError(Exception):
+    """Base of the server's own errors."""
+
+
+# -- answered to a client -------------------------------------------------
+
+
+class RequestError(TidalError):
+    """Refused; the client is told ``code`` and the message."""
+
+    code = ErrorCode.INTERNAL_ERROR
+
+
+class InvalidParams(RequestError, ValueError):
+    """A parameter broke its rule; the message names it and the rule."""
+
+    code = ErrorCode.INVALID_PARAMS
+
+
+class MethodNotFound(RequestError):
+    code = ErrorCode.METHOD_NOT_FOUND
+
+
+class Unavailable(RequestError):
+    """Storage has failed and writes are refused rather than diverge."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+# -- storage ----------------------------------------------------------------
+
+
+class StorageFailure(TidalError):
+    """A commit did not happen. ``transient`` failures (a full disk) may pass; others latch."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class BackupFailed(TidalError):
+    """``tidal backup`` could not make a consistent copy; the message says why."""
+
+
+# -- an operator's mistake at start --------------------------------------
+
+
+class StartupError(TidalError):
     """The server cannot start as configured; the message says why and what to do."""
 
 

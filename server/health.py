@@ -14,6 +14,7 @@ from tidal.protocol import ErrorCode
 
 from . import params
 from .batch import Replier
+from .errors import InvalidParams
 
 OK: Final = "ok"
 STARTING: Final = "starting"
@@ -50,5 +51,5 @@ class Booting:
                 conn.reply(msgid, report("loading"))
             else:
                 conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.STARTING_MESSAGE)
-        except params.InvalidParams as exc:
+        except InvalidParams as exc:
             conn.reply_error(msgid, ErrorCode.INVALID_PARAMS, str(exc))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, TypeAlias
 
+from .batch import Batch
+
 #: What a user's record was before a change, so a failed commit can put it back:
 #: None (no record), or (is_left, left_at_ns).
 Prior: TypeAlias = tuple[bool, int] | None
@@ -53,20 +55,32 @@ class Members:
         at = self._rejoined.get(user_id)
         return None if at is None else (False, at)
 
-    def leave(self, user_id: int, now_ns: int) -> Membership:
+    def leave(self, batch: Batch, user_id: int, now_ns: int) -> Membership:
         """Leave again or for the first time; ``left_at_ns`` strictly increases per user,
         even if the wall clock steps back, so each leave is a distinct boundary."""
+        prior = self.prior(user_id)
         before = self._left.get(user_id) or self._rejoined.pop(user_id, 0)
         at = max(now_ns, before + 1)
         self._left[user_id] = at
+        self._record(batch, user_id, prior, True, at)
+        batch.leaves += 1
         return Membership(user_id, True, at)
 
-    def rejoin(self, user_id: int) -> Membership:
+    def rejoin(self, batch: Batch, user_id: int) -> Membership | None:
+        """None when the user is already active: nothing changes, nothing is written."""
+        prior = self.prior(user_id)
         at = self._left.pop(user_id, None)
-        if at is not None:
-            self._rejoined[user_id] = at
-            return Membership(user_id, False, at)
-        return Membership(user_id, False, self._rejoined.get(user_id))
+        if at is None:
+            return None
+        self._rejoined[user_id] = at
+        self._record(batch, user_id, prior, False, at)
+        batch.rejoins += 1
+        return Membership(user_id, False, at)
+
+    def _record(self, batch: Batch, user_id: int, prior: Prior, left: bool, at: int) -> None:
+        batch.undo.append(_Restore(self, user_id, prior))
+        batch.memberships[user_id] = (left, at)
+        batch.writes += 1
 
     def restore(self, user_id: int, prior: Prior) -> None:
         self._left.pop(user_id, None)
@@ -80,3 +94,12 @@ class Members:
         members = cls()
         members._left, members._rejoined = left, rejoined
         return members
+
+
+class _Restore(NamedTuple):
+    members: Members
+    user_id: int
+    prior: Prior
+
+    def undo(self) -> None:
+        self.members.restore(self.user_id, self.prior)

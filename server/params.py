@@ -31,13 +31,11 @@ from tidal.protocol.limits import (
 )
 from tidal.protocol.messages import new_tuple
 
+from .errors import InvalidParams
+
 Scalar: TypeAlias = str | int | float | bool
 #: attribute -> the value it must have, or an array of values it may have
 Predicate: TypeAlias = dict[str, Scalar | list[Scalar]]
-
-
-class InvalidParams(Exception):
-    """Answered as -32602 with this message."""
 
 
 class SignalArgs(NamedTuple):

@@ -27,7 +27,7 @@ import aiosqlite
 import msgpack
 
 from .batch import Batch
-from .errors import CorruptDatabase, DatabaseUnusable
+from .errors import CorruptDatabase, DatabaseUnusable, StorageFailure
 
 log = logging.getLogger("tidal.storage")
 
@@ -137,14 +137,6 @@ def to_db(user_id: int) -> int:
 
 def from_db(value: int) -> int:
     return value + _U64 if value < 0 else value
-
-
-class StorageFailure(Exception):
-    """A commit did not happen. ``transient`` failures (a full disk) may pass; others latch."""
-
-    def __init__(self, message: str, *, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
 
 
 _RECOVER = (

@@ -17,8 +17,8 @@ import pytest
 from tidal.client import Client, ConnectionLost, Signal, Unavailable
 from tidal.server import Config, Server
 from tidal.server.batch import Batch
-from tidal.server.errors import DatabaseUnusable
-from tidal.server.storage import SCHEMA_VERSION, StorageFailure
+from tidal.server.errors import DatabaseUnusable, StorageFailure
+from tidal.server.storage import SCHEMA_VERSION
 
 from .conftest import ServerProcess
 

@@ -20,7 +20,7 @@ import pytest
 from tidal.client import CallTimeout, Client, Unavailable
 from tidal.server import Config, Server
 from tidal.server.batch import Batch
-from tidal.server.storage import StorageFailure
+from tidal.server.errors import StorageFailure
 
 from .conftest import LISTENING
 from .test_durability import wrap_commit

@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from tidal.server.aggregates import CountsRead
-from tidal.server.batch import Batch
+from tidal.server.batch import Batch, Later
 from tidal.server.cli import main
 from tidal.server.storage import Storage
 
@@ -18,8 +17,8 @@ _commit = Storage.commit
 
 
 async def ack_first(self: Storage, batch: Batch) -> None:
-    early = [r for r in batch.replies if type(r[2]) is not CountsRead]
-    batch.replies = [r for r in batch.replies if type(r[2]) is CountsRead]
+    early = [r for r in batch.replies if not isinstance(r[2], Later)]
+    batch.replies = [r for r in batch.replies if isinstance(r[2], Later)]
     for conn, msgid, result in early:
         conn.reply(msgid, result)
     for conn in {r[0] for r in early}:

@@ -1,0 +1,212 @@
+"""Group commit: writes fill the open batch; the writer commits it whole, then lets its replies go.
+
+While one batch commits, the next one fills, so writes from every connection
+share commits. A reply that reveals a write waits for the batch holding it. A
+failed commit puts memory back (each change carries its own undo) and refuses
+every reply that depended on it. The committer knows the batch and storage, not
+the state the engine keeps: the engine prepares a batch, and takes in what
+committed or failed, through the ``Steps`` it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from tidal.protocol import ErrorCode
+
+from .batch import Batch, Later, Replier
+from .errors import StorageFailure, Unavailable
+from .metrics import Metrics
+from .storage import Storage
+
+log = logging.getLogger("tidal.engine")
+
+#: An open batch this large stops every connection until the writer takes it: what waits
+#: for a commit (rows, tallies, replies) stays bounded, and so does the commit's length.
+OPEN_SIGNALS: Final = 50_000
+OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communities and cohorts)
+
+
+class Steps(Protocol):
+    """What the engine does around each commit."""
+
+    def prepare(self, batch: Batch) -> None:
+        """Before ``batch`` commits: add what is due (a checkpoint, old keys to forget)."""
+
+    def last(self, batch: Batch) -> bool:
+        """At shutdown, with nothing left to commit: add a final piece of work, if any."""
+
+    def committed(self, batch: Batch) -> None:
+        """``batch`` is durable: take in what it changed."""
+
+    def failed(self, batch: Batch) -> None:
+        """``batch`` and the open one built on it were refused (their undo already ran)."""
+
+
+class Committer:
+    def __init__(
+        self,
+        storage: Storage,
+        first_seq: int,
+        steps: Steps,
+        *,
+        metrics: Metrics | None = None,
+        hold: Callable[[bool], None] = lambda on: None,
+        open_signals: int = OPEN_SIGNALS,
+        open_fanout: int = OPEN_FANOUT,
+    ) -> None:
+        self._storage = storage
+        self._steps = steps
+        self._metrics = metrics
+        #: back-pressure: stops (True) or lets go on (False) every connection
+        self._hold = hold
+        self._open_signals = open_signals
+        self._open_fanout = open_fanout
+        self.open = Batch(first_seq)
+        self.inflight: Batch | None = None
+        self.failed: str | None = None  # a commit failed for good: writes refused
+        self.full: str | None = None  # the last commit found the disk full
+        self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
+        self._closing = False
+        self._last_tried = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-writer")
+
+    async def close(self) -> None:
+        """Commit and answer everything already read, then stop the writer."""
+        self._closing = True
+        self._wake()
+        if self._task is not None:
+            await self._task
+
+    # -- what requests put in the open batch -------------------------------
+
+    def writable(self) -> Batch:
+        """The open batch, for a write; refused for good after a commit failed for good."""
+        if self.failed is not None:
+            raise Unavailable(
+                f"storage failed ({self.failed}); writes are refused until the server"
+                " is restarted on a healthy disk"
+            )
+        return self.open
+
+    def ack(self, conn: Replier, msgid: int | None, result: Any) -> None:
+        """A write's reply: sent once the batch it joined has committed. A notification's
+        write stays in flight until then too, so that notifications feel back-pressure."""
+        batch = self.open
+        batch.replies.append((conn, msgid, result))
+        if self._idle is not None:
+            self._wake()
+        if batch.signals >= self._open_signals or batch.fanout >= self._open_fanout:
+            self._hold(True)  # let go of when the writer takes this batch
+
+    def answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
+        """A read's reply: now, unless it could show a write that is not yet on disk."""
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        inflight = self.inflight
+        if self.open.writes or (inflight is not None and inflight.writes):
+            self.open.replies.append((conn, msgid, result))
+            self._wake()
+        else:
+            conn.reply(msgid, result)
+
+    def later(self, conn: Replier, msgid: int, result: Later) -> None:
+        """A reply worked out after the writer's next round trip; few may wait per connection."""
+        self.open.replies.append((conn, msgid, result))
+        conn.reading(True)
+        self._wake()
+
+    # -- the writer ------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = self.open
+            if not batch.pending():
+                if not self._closing:
+                    self._idle = asyncio.get_running_loop().create_future()
+                    await self._idle
+                    continue
+                if self._last_tried or self.failed or not self._steps.last(batch):
+                    return
+                self._last_tried = True
+            elif self.failed is None:
+                self._steps.prepare(batch)
+            self.open = Batch(batch.first_seq + batch.signals)
+            self.inflight = batch
+            self._hold(False)
+            began = time.perf_counter()
+            try:
+                await self._storage.commit(batch)
+            except StorageFailure as exc:
+                self._fail(batch, exc)
+            except Exception as exc:  # a bug must not pass for a commit
+                log.exception("writer failed")
+                self._fail(batch, StorageFailure(f"writer failed: {exc!r}", transient=False))
+            else:
+                if self._metrics is not None and batch.writes:
+                    self._metrics.commit_seconds.observe(time.perf_counter() - began)
+                    self._metrics.batch_size.observe(batch.writes)
+                self._deliver(batch)
+            finally:
+                self.inflight = None
+
+    def _wake(self) -> None:
+        """Start the writer if it waits for work (it re-checks the open batch after each commit)."""
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    def _deliver(self, batch: Batch) -> None:
+        if batch.writes:
+            self.full = None
+        self._steps.committed(batch)
+        touched: dict[Replier, None] = {}
+        for conn, msgid, result in batch.replies:
+            if isinstance(result, Later):
+                conn.reading(False)
+                result = result.answer()
+            conn.reply(msgid, result)
+            touched[conn] = None
+        for conn in touched:
+            conn.flush()
+
+    def _fail(self, batch: Batch, exc: StorageFailure) -> None:
+        """Undo in memory what the disk refused, and refuse every reply that depended on it.
+
+        The open batch was built on top of the failed one (its signals were gated
+        by its leaves), so it fails with it.
+        """
+        later = self.open  # its deltas, like the failed batch's, are simply dropped
+        for failed in (later, batch):
+            for change in reversed(failed.undo):
+                change.undo()
+        self.open = Batch(batch.first_seq)
+        self._steps.failed(batch)
+        if exc.transient:
+            self.full = str(exc)
+            log.error("%s; the writes in it were refused, later writes will be tried", exc)
+        else:
+            self.failed = str(exc)
+            log.critical("%s; refusing all writes until restarted", exc)
+        message = f"storage unavailable: {exc}; nothing of this request was saved"
+        touched: dict[Replier, None] = {}
+        for failed in (batch, later):
+            for conn, msgid, result in failed.replies:
+                if isinstance(result, Later):
+                    conn.reading(False)
+                    if result.survives_failure:
+                        conn.reply(msgid, result.answer())
+                        touched[conn] = None
+                        continue
+                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
+                touched[conn] = None
+        for conn in touched:
+            conn.flush()
