@@ -5,6 +5,7 @@ COPY pyproject.toml README.md ./
 COPY protocol ./protocol
 COPY server ./server
 COPY client ./client
+COPY cli ./cli
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

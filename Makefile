@@ -5,11 +5,6 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-TIDAL_HOST ?= 127.0.0.1
-TIDAL_PORT ?= 7411
-TIDAL_DB   ?= ./tidal.db
-export TIDAL_HOST TIDAL_PORT TIDAL_DB
-
 .PHONY: run test lint pytest tools bench crash clean
 
 $(STAMP): pyproject.toml
@@ -38,13 +33,14 @@ tools:
 # mypy cannot follow setuptools' package-dir mapping, so it reads the sources
 # through a tree of links laid out as they are imported (tidal/server -> server).
 lint: $(STAMP)
-	$(BIN)/ruff check server protocol client tests bench
-	$(BIN)/ruff format --check server protocol client tests bench
+	$(BIN)/ruff check server protocol client cli tests bench
+	$(BIN)/ruff format --check server protocol client cli tests bench
 	rm -rf .lint && mkdir -p .lint/tidal
 	ln -s ../../server .lint/tidal/server
 	ln -s ../../protocol .lint/tidal/protocol
 	ln -s ../../client .lint/tidal/client
-	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml -p tidal.protocol -p tidal.server -p tidal.client
+	ln -s ../../cli .lint/tidal/cli
+	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml -p tidal.protocol -p tidal.server -p tidal.client -p tidal.cli
 
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)

@@ -75,6 +75,7 @@ class Server:
         """
         config = self.config
         config.check()
+        log.debug("%r", config)  # the token shows as ***
         if not (config.token or config.insecure or _is_loopback(config.host)):
             raise ProtectedMode(
                 f"refusing to listen on {config.host!r} without a token: anyone who can reach it"

@@ -1,57 +1,101 @@
-"""Server settings; the CLI fills them from flags and ``TIDAL_*`` environment variables."""
+"""Server settings, declared once.
+
+Each field's metadata is the whole of a setting: the command line's flag
+(``--max-inflight``), its environment variable (``TIDAL_MAX_INFLIGHT``), its
+help and, through the field's default, its default. ``tidal serve`` builds its
+flags from this declaration, and the README's table is checked against it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
 from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from .errors import BadSettings
-from .storage import Durability
+
+Durability = Literal["full", "normal"]
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def _setting(default: Any, text: str, *, kind: str = "", choices: tuple[str, ...] = ()) -> Any:
+    """A field that is also a flag and an environment variable. ``kind``: "port" (0..65535),
+    "switch" (a flag without a value; the variable is set to anything but "" or "0"),
+    "secret" (given by the token options, never echoed)."""
+    return field(default=default, metadata={"help": text, "kind": kind, "choices": choices})
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    host: str = "127.0.0.1"
-    port: int = 7411
-    db: str = "./tidal.db"
-    durability: Durability = "full"
-    #: A message over this many bytes gets error 3 and its connection is closed.
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
-    #: Requests read but not yet answered, per connection; past it we stop reading.
-    max_inflight: int = 4096
-    #: How long a graceful shutdown may take before connections are cut.
-    shutdown_timeout: float = 10.0
-    #: Aggregates are checkpointed after this many signals or seconds; after a crash,
-    #: boot replays the ledger rows since the last checkpoint.
-    checkpoint_signals: int = CHECKPOINT_SIGNALS
-    checkpoint_seconds: float = CHECKPOINT_SECONDS
-    #: When set, a connection's first request must be ``auth(token)``.
-    token: str | None = None
-    #: Allow listening beyond loopback without a token (protected mode off).
-    insecure: bool = False
-    #: Connections past this many are told so and closed.
-    max_connections: int = 10_000
-    #: A connection with nothing in flight that sends no complete request for this
-    #: many seconds is closed.
-    idle_timeout: float = 300.0
-    #: A message must arrive whole within this many seconds of its first byte: a sender
-    #: that stalls mid-message would otherwise hold what it sent until idle_timeout.
-    message_timeout: float = 30.0
-    #: Connections the kernel may queue before they are accepted (capped by somaxconn).
-    backlog: int = 4096
-    #: Serve Prometheus metrics at http://host:metrics_port/metrics (off when None).
-    metrics_port: int | None = None
-    #: PEM files: with both, the server speaks TLS only.
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    #: A signal repeating an idempotency key seen this many seconds ago or less is
-    #: answered with the first one's acknowledgement; so are only the newest keys.
-    idempotency_window: float = 24 * 3600.0
-    idempotency_max_keys: int = 1_000_000
-    #: A client whose unread replies pass this many bytes is disconnected.
-    max_output_buffer: int = 16 * 1024 * 1024
+    host: str = _setting("127.0.0.1", "address to listen on")
+    port: int = _setting(7411, "TCP port, 0 for any free one", kind="port")
+    db: str = _setting("./tidal.db", "SQLite database file")
+    durability: Durability = _setting(
+        "full",
+        "full: fsync every group commit, survives power loss; normal: survives a crash of"
+        " the process, not of the machine",
+        choices=("full", "normal"),
+    )
+    token: str | None = _setting(
+        None, "require auth(token) as each connection's first request", kind="secret"
+    )
+    insecure: bool = _setting(
+        False, "allow listening beyond loopback without a token", kind="switch"
+    )
+    tls_cert: str | None = _setting(None, "PEM certificate (chain): serve TLS only")
+    tls_key: str | None = _setting(None, "PEM key")
+    max_connections: int = _setting(10_000, "connections past this are told so and closed")
+    idle_timeout: float = _setting(
+        300.0, "seconds before a silent connection with nothing in flight is closed"
+    )
+    message_timeout: float = _setting(
+        30.0,
+        "seconds a message may take to arrive whole before its connection is closed: a sender"
+        " that stalls mid-message would otherwise hold what it sent until the idle timeout",
+    )
+    backlog: int = _setting(
+        4096, "connections the kernel queues before they are accepted (capped by somaxconn)"
+    )
+    max_inflight: int = _setting(
+        4096,
+        "requests and notifications applied but unanswered per connection before reading pauses",
+    )
+    max_message_size: int = _setting(
+        DEFAULT_MAX_MESSAGE_SIZE,
+        "bytes; a larger message gets error 3 and its connection is closed",
+    )
+    max_output_buffer: int = _setting(
+        16 * 1024 * 1024,
+        "bytes of earlier replies still unread when new ones are ready, after which a client"
+        " is disconnected",
+    )
+    shutdown_timeout: float = _setting(
+        10.0, "seconds a graceful shutdown may take before connections are cut"
+    )
+    checkpoint_signals: int = _setting(
+        CHECKPOINT_SIGNALS,
+        "aggregates are checkpointed after this many signals (boot replays the ledger since)",
+    )
+    checkpoint_seconds: float = _setting(
+        CHECKPOINT_SECONDS, "... or after this many seconds, whichever comes first"
+    )
+    idempotency_window: float = _setting(
+        24 * 3600.0,
+        "seconds for which a repeated idempotency key is answered with the first acknowledgement",
+    )
+    idempotency_max_keys: int = _setting(1_000_000, "idempotency keys kept, newest first")
+    metrics_port: int | None = _setting(
+        None, "serve Prometheus metrics at http://HOST:PORT/metrics", kind="port"
+    )
+    log_level: str = _setting("info", "how much tidal logs", choices=LEVELS)
+    log_libraries: str = _setting(
+        "warning",
+        "how much the libraries under tidal log (aiosqlite logs every statement at debug)",
+        choices=LEVELS,
+    )
+    log_format: str = _setting("text", "json: one object per line", choices=("text", "json"))
 
     def check(self) -> None:
         """Refuse settings that could only fail later, on some connection."""
@@ -62,19 +106,32 @@ class Config:
             (self.max_output_buffer >= 64 * 1024, "max_output_buffer: at least 65536 bytes"),
             (self.idle_timeout > 0, "idle_timeout: more than 0 seconds"),
             (self.message_timeout > 0, "message_timeout: more than 0 seconds"),
+            (self.shutdown_timeout > 0, "shutdown_timeout: more than 0 seconds"),
             (self.backlog >= 1, "backlog: at least 1"),
             (self.idempotency_window >= 0, "idempotency_window: 0 seconds or more"),
             (self.idempotency_max_keys >= 0, "idempotency_max_keys: 0 or more"),
             (self.checkpoint_signals >= 1, "checkpoint_signals: at least 1"),
-            (self.durability in ("full", "normal"), "durability: 'full' or 'normal'"),
+            (self.checkpoint_seconds > 0, "checkpoint_seconds: more than 0"),
         ]
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if choices and getattr(self, f.name) not in choices:
+                rules.append((False, f"{f.name}: one of {', '.join(choices)}"))
         broken = [rule for ok, rule in rules if not ok]
         if broken:
             raise BadSettings("invalid settings: " + "; ".join(broken))
 
     def __repr__(self) -> str:  # the token must never reach a log
-        fields = ", ".join(
-            f"{name}={'***' if name == 'token' and value else value!r}"
-            for name, value in ((f, getattr(self, f)) for f in self.__dataclass_fields__)
+        shown = ", ".join(
+            f"{f.name}={'***' if f.metadata['kind'] == 'secret' and value else value!r}"
+            for f, value in ((f, getattr(self, f.name)) for f in fields(self))
         )
-        return f"Config({fields})"
+        return f"Config({shown})"
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env(name: str) -> str:
+    return "TIDAL_" + name.upper()

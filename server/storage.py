@@ -21,17 +21,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, NamedTuple, TypeVar, cast
+from typing import Any, Final, NamedTuple, TypeVar, cast
 
 import aiosqlite
 import msgpack
 
 from .batch import Batch
+from .config import Durability
 from .errors import CorruptDatabase, DatabaseUnusable, StorageFailure
 
 log = logging.getLogger("tidal.storage")
 
-Durability = Literal["full", "normal"]
 T = TypeVar("T")
 
 _U64: Final = 2**64

@@ -78,7 +78,7 @@ class ServerProcess:
     def __init__(self, db: Path, *extra: str, launcher: list[str] | None = None) -> None:
         self.db = db
         self.extra = extra
-        self.launcher = launcher or [sys.executable, "-m", "tidal.server"]
+        self.launcher = launcher or [sys.executable, "-m", "tidal.cli"]
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
         self.log: list[bytes] = []
@@ -152,7 +152,7 @@ class BlockingServer:
     def start(self) -> BlockingServer:
         serve = ["serve", "--port", "0", "--db", str(self.db), *self.extra]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tidal.server", *serve],
+            [sys.executable, "-m", "tidal.cli", *serve],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -92,7 +92,7 @@ def test_backup_never_overwrites_and_says_why(db_path: Path, tmp_path: Path) -> 
     taken = tmp_path / "taken.db"
     taken.write_bytes(b"keep me")
     done = subprocess.run(
-        [sys.executable, "-m", "tidal.server", "backup", str(taken), "--db", str(db_path)],
+        [sys.executable, "-m", "tidal.cli", "backup", str(taken), "--db", str(db_path)],
         capture_output=True,
         text=True,
         check=False,
@@ -111,7 +111,7 @@ async def test_status_and_stats_read_well(process: ServerProcess, tmp_path: Path
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "tidal.server", *args, "--port", str(process.port)],
+            [sys.executable, "-m", "tidal.cli", *args, "--port", str(process.port)],
             capture_output=True,
             text=True,
             check=False,
@@ -128,7 +128,7 @@ async def test_status_and_stats_read_well(process: ServerProcess, tmp_path: Path
     backup_out = tmp_path / "cli-backup.db"
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "tidal.server", "backup", str(backup_out), "--db", str(process.db)],
+        [sys.executable, "-m", "tidal.cli", "backup", str(backup_out), "--db", str(process.db)],
         capture_output=True,
         text=True,
         check=False,

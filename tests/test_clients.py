@@ -133,7 +133,7 @@ async def test_a_third_party_msgpack_rpc_client_works(server: Server) -> None:
 
 def run_cli(port: int, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidal.server", "call", "--port", str(port), *args],
+        [sys.executable, "-m", "tidal.cli", "call", "--port", str(port), *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -29,7 +29,7 @@ from .test_observability import scrape, value
 
 def health_cli(port: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidal.server", "health", "--port", str(port), "--timeout", "3"],
+        [sys.executable, "-m", "tidal.cli", "health", "--port", str(port), "--timeout", "3"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -112,7 +112,7 @@ async def test_a_long_boot_answers_health_as_starting(db_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tidal.server",
+        "tidal.cli",
         "serve",
         "--port",
         "0",

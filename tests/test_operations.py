@@ -28,7 +28,7 @@ from .conftest import ServerProcess, tmpfs
 
 def tidal(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidal.server", *args],
+        [sys.executable, "-m", "tidal.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -86,7 +86,7 @@ async def test_protected_mode_refuses_open_addresses_without_a_token(db_path: Pa
 def test_the_cli_explains_protected_mode_and_exits_2(tmp_path: Path) -> None:
     serve = ["serve", "--host", "0.0.0.0", "--port", "0", "--db", str(tmp_path / "t.db")]
     done = subprocess.run(
-        [sys.executable, "-m", "tidal.server", *serve],
+        [sys.executable, "-m", "tidal.cli", *serve],
         capture_output=True,
         text=True,
         timeout=60,
@@ -239,7 +239,7 @@ def test_settings_that_cannot_work_stop_the_start(tmp_path: Path) -> None:
     serve = ["serve", "--port", "0", "--db", str(tmp_path / "t.db")]
     bad = ["--max-message-size", "10", "--idle-timeout", "0"]
     done = subprocess.run(
-        [sys.executable, "-m", "tidal.server", *serve, *bad],
+        [sys.executable, "-m", "tidal.cli", *serve, *bad],
         capture_output=True,
         text=True,
         timeout=60,

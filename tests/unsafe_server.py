@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from tidal.cli import main
 from tidal.server.batch import Batch, Later
-from tidal.server.cli import main
 from tidal.server.storage import Storage
 
 _commit = Storage.commit

@@ -170,7 +170,7 @@ async def _setup(cfg: BenchConfig) -> None:
     Users 0..users*left_fraction leave; against a fresh database that makes
     exactly that fraction of the signals gated.
     """
-    from .client import Client
+    from tidal.client import Client
 
     async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
         await client.define_cohort("bench-de", {"country": "DE"})

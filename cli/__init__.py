@@ -1,0 +1,139 @@
+"""``tidal``: the one console script (serve, call, status, stats, health, backup, bench).
+
+It sits above the server and the client and imports from both; neither imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+from tidal.server.config import Config
+from tidal.server.version import VERSION
+
+from . import commands
+from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
+
+
+def _parser() -> tuple[argparse.ArgumentParser, Settings]:
+    parser = argparse.ArgumentParser(
+        prog="tidal", description="tidal: a signal server with an instant, durable leave switch."
+    )
+    parser.add_argument("--version", action="version", version=f"tidal {VERSION}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    settings = Settings()
+
+    serve = commands.add_parser("serve", help="run the server")
+    serve_options(settings, serve)
+
+    call = commands.add_parser(
+        "call",
+        help="call one method and print its result as JSON",
+        description='Each argument is read as JSON where it parses (42, true, [1], {"a": 1},'
+        ' "17"), as a string otherwise; one that starts like JSON ({, [ or ") must parse.'
+        """ To send digits as a string, quote them as JSON: '"17"'."""
+        " Exit status 1 on an error reply; 2 when the server cannot be reached or an"
+        " argument cannot be sent.",
+    )
+    call.add_argument("method")
+    call.add_argument("args", nargs="*")
+    client_options(settings, call)
+
+    backup = commands.add_parser(
+        "backup",
+        help="copy the database, consistently, while the server runs",
+        description="Takes a consistent snapshot with SQLite's backup API while the server keeps"
+        " serving and writing; run it where the database file is (e.g. docker compose exec tidal"
+        " tidal backup /data/backup.db). Restore: stop the server, put the copy in place of the"
+        " database (removing its -wal and -shm files), start the server.",
+    )
+    backup.add_argument("dest", help="the file to create (never overwritten)")
+    settings.add(backup, "--db", "TIDAL_DB", "./tidal.db", "the database to copy")
+
+    for name, text in (("status", "a user's membership"), ("stats", "the server's figures")):
+        sub = commands.add_parser(name, help=f"print {text}, readably")
+        if name == "status":
+            sub.add_argument("user_id", type=int)
+        client_options(settings, sub)
+    health = commands.add_parser(
+        "health",
+        help="exit 0 if the server is ready and its storage takes writes, 1 otherwise",
+        description="For health checks (Docker's HEALTHCHECK, Kubernetes' exec probes): prints"
+        " ok, starting (the database is still loading) or failing (and why), and exits 0 only"
+        " for ok. A server that cannot be reached, or does not answer within --timeout, is"
+        " unhealthy too (exit 1).",
+    )
+    client_options(settings, health)
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure throughput and latency against a running server",
+        description="Like redis-benchmark: CLIENTS connections each keep PIPELINE requests in"
+        " flight until REQUESTS have been answered. Run it against a fresh database:"
+        " --left-fraction makes users 0..USERS*F leave first.",
+    )
+    client_options(settings, bench, tls=False)
+    bench.add_argument("--clients", "-c", type=int, default=50, help="connections (default 50)")
+    bench.add_argument(
+        "--pipeline", "-P", type=int, default=1, help="requests in flight per connection (1)"
+    )
+    bench.add_argument("--requests", "-n", type=int, default=100_000, help="total (100000)")
+    bench.add_argument(
+        "--workload",
+        choices=("signal", "batch", "leave", "status", "mixed", "counts"),
+        default="signal",
+        help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin (default signal)",
+    )
+    bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
+    bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")
+    bench.add_argument("--entities", type=int, default=1000, help="distinct entities (1000)")
+    bench.add_argument(
+        "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
+    )
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser, settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, settings = _parser()
+    args = parser.parse_args(argv)
+    settings.resolve(parser, args)
+    resolve_token(parser, args, argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "bench":
+        return commands.bench(args)
+    if args.command == "backup":
+        return commands.backup(args)
+    if args.command in ("status", "stats"):
+        return commands.readable(args)
+    if args.command == "health":
+        return commands.health(args)
+    return commands.call(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tidal.server.app import run
+    from tidal.server.errors import StartupError
+    from tidal.server.logs import configure as configure_logs
+
+    configure_logs(args.log_level, args.log_format, args.log_libraries)
+    if args.token_in_argv:
+        logging.getLogger("tidal.server").warning("%s", TOKEN_SEEN)
+    # every field is a flag; an empty value (TIDAL_TLS_CERT=) means unset
+    given: dict[str, Any] = {}
+    for f in fields(Config):
+        value = getattr(args, f.name)
+        given[f.name] = None if value == "" else value
+    config = Config(**given)
+    try:
+        run(config)
+    except StartupError as exc:
+        logging.getLogger("tidal.server").critical("%s", exc)
+        return 2
+    return 0

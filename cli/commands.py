@@ -1,0 +1,180 @@
+"""The client commands: call, status, stats, health, backup and bench."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import ssl
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class _BadArgument(Exception):
+    pass
+
+
+def _arg(position: int, text: str) -> Any:
+    """JSON where it parses, else the text; what starts like JSON must be JSON."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if text.lstrip()[:1] in ("{", "[", '"'):
+            raise _BadArgument(
+                f"argument {position} is not valid JSON: {exc.msg} at column {exc.colno}"
+                f" ({text[max(0, exc.pos - 10) : exc.pos + 10]!r} around it)"
+            ) from None
+        return text
+    if not _fits(value):
+        raise _BadArgument(
+            f"argument {position} holds an integer outside -2**63..2**64-1, which MessagePack"
+            " cannot carry"
+        )
+    return value
+
+
+def _fits(value: Any) -> bool:
+    if type(value) is int:
+        return -(2**63) <= value < 2**64
+    if type(value) is list:
+        return all(_fits(v) for v in value)
+    if type(value) is dict:
+        return all(_fits(v) for v in value.values())
+    return True
+
+
+def _remote(args: argparse.Namespace, method: str, params: list[Any]) -> tuple[int, Any]:
+    """One call as the CLI makes it: (exit status, result); errors are printed here."""
+    from tidal.client import ClientError, ServerError, SyncClient, TidalError
+
+    try:
+        tls = ssl.create_default_context(cafile=args.tls_ca) if args.tls or args.tls_ca else None
+    except OSError as exc:
+        print(
+            f"tidal {args.command}: --tls-ca {args.tls_ca}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 2, None
+    try:
+        with SyncClient(
+            args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls, reconnect=0
+        ) as client:
+            return 0, client.call(method, *params)
+    except ServerError as exc:
+        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        return 1, None
+    except ClientError as exc:
+        print(f"tidal {args.command}: cannot send {method}: {exc}", file=sys.stderr)
+        return 2, None
+    except TidalError as exc:
+        print(f"cannot reach tidal at {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2, None
+
+
+def call(args: argparse.Namespace) -> int:
+    try:
+        params = [_arg(i, a) for i, a in enumerate(args.args, 1)]
+    except _BadArgument as exc:
+        print(f"tidal call: {exc}", file=sys.stderr)
+        return 2
+    status, result = _remote(args, args.method, params)
+    if status == 0:
+        print(json.dumps(result, default=_json_default))
+    return status
+
+
+def health(args: argparse.Namespace) -> int:
+    """0 healthy, 1 anything else: Docker reserves exit status 2 in health checks."""
+    status, result = _remote(args, "health", [])
+    if status != 0:
+        return 1
+    if result.get("status") == "ok":
+        print("ok")
+        return 0
+    detail = result.get("error") or f"storage {result.get('storage')}"
+    print(f"{result.get('status')}: {detail}")
+    return 1
+
+
+def readable(args: argparse.Namespace) -> int:
+    if args.command == "status":
+        status, result = _remote(args, "status", [args.user_id])
+        if status == 0:
+            at = result["left_at_ns"]
+            when = "never left" if at is None else f"left at {_iso(at)} ({at} ns)"
+            print(f"user {result['user_id']}: {result['status']}, {when}")
+        return status
+    status, result = _remote(args, "stats", [])
+    if status == 0:
+        width = max(len(k) for k in result)
+        for key, value in result.items():
+            print(
+                f"{key:<{width}}  {value:,}"
+                if isinstance(value, int)
+                else f"{key:<{width}}  {value}"
+            )
+    return status
+
+
+def _iso(ns: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds")
+
+
+def backup(args: argparse.Namespace) -> int:
+    from tidal.server.backup import backup as copy
+    from tidal.server.errors import BackupFailed
+
+    try:
+        info = copy(args.db, args.dest)
+    except BackupFailed as exc:
+        print(f"tidal backup: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"backed up {info.ledger_rows:,} ledger rows and {info.leave_records:,} leave records"
+        f" to {info.dest} ({info.bytes:,} bytes) in {info.seconds:.2f}s"
+    )
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from . import bench as load
+
+    cfg = load.BenchConfig(
+        host=args.host,
+        port=args.port,
+        clients=args.clients,
+        pipeline=args.pipeline,
+        requests=args.requests,
+        workload=args.workload,
+        batch_size=args.batch_size,
+        users=args.users,
+        left_fraction=args.left_fraction,
+        entities=args.entities,
+        token=args.token,
+    )
+    progress = load.progress_bar if sys.stderr.isatty() and not args.json else None
+    try:
+        result = _uvloop_run(load.run(cfg, progress))
+    except (OSError, ValueError) as exc:
+        print(f"tidal bench: {exc}", file=sys.stderr)
+        return 2
+    print(load.format_result(result, args.json))
+    return 1 if result.errors else 0
+
+
+def _uvloop_run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _json_default(value: object) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"cannot show {type(value).__name__} as JSON")

@@ -1,0 +1,201 @@
+"""Flags that fall back on ``TIDAL_*`` variables, and the token options every command shares.
+
+``serve``'s flags are made from the settings declared in ``tidal.server.config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, fields
+from typing import Any, NamedTuple, NoReturn, get_args
+
+from tidal.server.config import Config, env, flag
+
+
+class Setting(NamedTuple):
+    dest: str
+    flag: str
+    env: str
+    default: str | None
+    convert: Callable[[str], Any]
+    choices: tuple[str, ...] | None
+
+
+class Settings:
+    """Flags whose defaults come from ``TIDAL_*`` variables.
+
+    argparse checks a flag's value, but a default taken from the environment would
+    reach the program unchecked (a bad choice), or be blamed on the flag (a bad
+    number). So a flag's default stays unset, and ``resolve`` fills it from the
+    environment afterwards, naming the variable when its value breaks the rule.
+    """
+
+    def __init__(self) -> None:
+        self.by_command: dict[str, list[Setting]] = {}
+
+    def add(
+        self,
+        parser: argparse.ArgumentParser,
+        flag: str,
+        env: str,
+        default: str | None,
+        text: str,
+        *,
+        type: Callable[[str], Any] = str,
+        choices: tuple[str, ...] | None = None,
+    ) -> None:
+        shown = "off" if default is None else default
+        convert = _lower if choices else type
+        action = parser.add_argument(
+            flag,
+            default=argparse.SUPPRESS,
+            type=convert,
+            choices=choices,
+            help=f"{text} (env {env}; default {shown})",
+        )
+        spec = Setting(action.dest, flag, env, default, convert, choices)
+        self.by_command.setdefault(parser.prog.split()[-1], []).append(spec)
+
+    def resolve(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        for spec in self.by_command.get(args.command, ()):
+            if hasattr(args, spec.dest):
+                continue
+            raw = os.environ.get(spec.env)
+            if raw is None:
+                value = None if spec.default is None else spec.convert(spec.default)
+            else:
+                try:
+                    value = spec.convert(raw)
+                except (ValueError, argparse.ArgumentTypeError) as exc:
+                    refuse(parser, f"{spec.env}={raw!r}: {_rule(exc)}")
+                if spec.choices is not None and value not in spec.choices:
+                    refuse(parser, f"{spec.env}={raw!r}: must be one of {', '.join(spec.choices)}")
+            setattr(args, spec.dest, value)
+
+
+def refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """One line and exit 2: a bad environment variable or file is not a usage mistake."""
+    parser.exit(2, f"{parser.prog}: {message}\n")
+
+
+def _lower(value: str) -> str:
+    return value.lower()
+
+
+def _rule(exc: Exception) -> str:
+    if isinstance(exc, argparse.ArgumentTypeError):
+        return str(exc)
+    return "must be a number" if "float" in str(exc) else "must be an integer"
+
+
+def port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be an integer, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {port}")
+    return port
+
+
+def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
+    """Every server setting as a flag, from its one declaration in ``Config``."""
+    for f in fields(Config):
+        kind, choices, text = f.metadata["kind"], f.metadata["choices"], f.metadata["help"]
+        if kind == "secret":
+            token_options(settings, parser, text)
+        elif kind == "switch":
+            parser.add_argument(
+                flag(f.name),
+                action="store_true",
+                default=os.environ.get(env(f.name), "") not in ("", "0"),
+                help=f"{text} (env {env(f.name)}=1)",
+            )
+        else:
+            assert f.default is not MISSING
+            default = None if f.default is None else str(f.default)
+            convert = port if kind == "port" else _base_type(f.type)
+            settings.add(
+                parser,
+                flag(f.name),
+                env(f.name),
+                default,
+                text,
+                type=convert,
+                choices=choices or None,
+            )
+
+
+def _base_type(annotation: Any) -> Callable[[str], Any]:
+    """int, float or str, from a field's annotation (a string under postponed evaluation)."""
+    for name, kind in (("float", float), ("int", int)):
+        if str(annotation).startswith(name) or name in get_args(annotation):
+            return kind
+    return str
+
+
+def token_options(settings: Settings, parser: argparse.ArgumentParser, text: str) -> None:
+    settings.add(
+        parser,
+        "--token",
+        "TIDAL_TOKEN",
+        None,
+        f"{text}; on the command line it is visible to every user of the machine (ps)",
+    )
+    settings.add(parser, "--token-file", "TIDAL_TOKEN_FILE", None, "read the token from this file")
+
+
+def client_options(
+    settings: Settings, parser: argparse.ArgumentParser, *, tls: bool = True
+) -> None:
+    """Where the server is and how to reach it: the same for every client command."""
+    settings.add(parser, "--host", "TIDAL_HOST", "127.0.0.1", "the server's address")
+    settings.add(parser, "--port", "TIDAL_PORT", "7411", "the server's port", type=port)
+    token_options(settings, parser, "send auth(token) first")
+    if tls:  # bench makes its own connections: it takes no --timeout and no TLS
+        parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+        settings.add(
+            parser, "--tls-ca", "TIDAL_TLS_CA", None, "connect with TLS, trusting this CA file"
+        )
+        parser.add_argument("--tls", action="store_true", help="connect with TLS, system CAs")
+
+
+def resolve_token(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]
+) -> None:
+    """``args.token`` from --token, --token-file, TIDAL_TOKEN or TIDAL_TOKEN_FILE (as the
+    official database images take ``*_FILE``): never two of them at once."""
+    if "token" not in args:
+        return
+    given = [name for name in ("token", "token_file") if _on_command_line(argv, name)]
+    if len(given) == 2:
+        refuse(parser, "--token and --token-file: give one of them")
+    if not given and os.environ.get("TIDAL_TOKEN") and os.environ.get("TIDAL_TOKEN_FILE"):
+        refuse(parser, "TIDAL_TOKEN and TIDAL_TOKEN_FILE are both set: set one of them")
+    args.token_in_argv = "token" in given
+    if args.token_in_argv and args.command != "serve":  # serve says it in its log
+        print(f"warning: {TOKEN_SEEN}", file=sys.stderr)
+    if args.token_file is not None and (not args.token or "token_file" in given):
+        source = "--token-file" if "token_file" in given else "TIDAL_TOKEN_FILE"
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                args.token = f.read().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            refuse(parser, f"{source} {args.token_file}: {getattr(exc, 'strerror', None) or exc}")
+        if not args.token:
+            refuse(parser, f"{source} {args.token_file}: the file is empty")
+    args.token = args.token or None
+
+
+TOKEN_SEEN = (
+    "a token given with --token can be read by any user of this machine (ps, /proc);"
+    " prefer TIDAL_TOKEN or TIDAL_TOKEN_FILE"
+)
+
+
+def _on_command_line(argv: Sequence[str], dest: str) -> bool:
+    flag = "--" + dest.replace("_", "-")
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
