@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeAlias
 
 import msgpack
 
@@ -152,6 +152,10 @@ def index(cohorts: Iterable[Cohort]) -> CohortIndex:
     return built
 
 
+def _utf8(name: str) -> bytes:
+    return name.encode("utf-8", "surrogateescape")
+
+
 def _as_list(values: Scalar | list[Scalar]) -> list[Scalar]:
     return values if isinstance(values, list) else [values]
 
@@ -192,6 +196,31 @@ class Registry:
         if self._names is None:
             self._names = {c.id: name for name, c in self._by_name.items()}
         return self._names
+
+    def every(self, budget: int) -> dict[str, Predicate]:
+        """Every cohort, when together they fit ``budget`` bytes: a plain map has no room
+        to say it was cut, so a longer list is refused with the way to page it."""
+        total = sum(c.size for c in self._by_name.values())
+        if total > budget:
+            raise InvalidParams(
+                f"page: the {len(self)} cohorts take {total} bytes, over the {budget} a reply"
+                " may; read them in pages: cohorts({'limit': n})"
+            )
+        return {name: c.predicate for name, c in self._by_name.items()}
+
+    def page(self, after: str | None, limit: int, budget: int) -> dict[str, Any]:
+        """The cohorts named after ``after`` (UTF-8 byte order), at most ``limit`` and what
+        fits ``budget`` bytes (at least one); ``more`` names the last when more follow."""
+        start = None if after is None else _utf8(after)
+        names = sorted((n for n in self._by_name if start is None or _utf8(n) > start), key=_utf8)
+        listed: dict[str, Predicate] = {}
+        for name in names[:limit]:
+            budget -= self._by_name[name].size
+            if budget < 0 and listed:
+                break
+            listed[name] = self._by_name[name].predicate
+        more = names[len(listed) - 1] if len(listed) < len(names) else None
+        return {"cohorts": listed, "more": more}
 
     def define(self, batch: Batch, name: str, predicate: Predicate) -> bool:
         """False when the same rule is already defined under ``name`` (its counts go on)."""

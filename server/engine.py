@@ -21,26 +21,21 @@ from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import (
-    ENTITY_MAX_BYTES,
-    MAX_COHORTS,
     MAX_FANOUT,
-    NAME_MAX_BYTES,
-    SLOT_REPLY_BYTES,
 )
 
 from . import ledger, params
-from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates, CountsRead
-from .batch import Batch, Later, Replier
+from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
+from .batch import Batch, Replier
 from .cohorts import Registry
 from .committer import OPEN_FANOUT, OPEN_SIGNALS, Committer
 from .errors import InvalidParams, MethodNotFound, RequestError
-from .health import report
 from .keys import Keys
 from .members import Members
 from .metrics import Metrics
 from .params import SignalArgs
+from .reads import Reads
 from .storage import Snapshot, Storage, to_db
-from .version import VERSION
 
 log = logging.getLogger("tidal.engine")
 
@@ -65,10 +60,10 @@ class Engine:
         open_fanout: int = OPEN_FANOUT,
         max_reply: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
-        self._storage = storage
+        self.storage = storage
         self._clock = clock
-        self._connections = connections
-        self._reply_budget = max_reply - 1024  # the envelope, and a margin
+        self.connections = connections
+        self.reply_budget = max_reply - 1024  # the envelope, and a margin
         self.metrics = metrics
         self.members = Members.adopt(snapshot.left, snapshot.rejoined)
         self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
@@ -87,7 +82,6 @@ class Engine:
             open_signals=open_signals,
             open_fanout=open_fanout,
         )
-        self._started = time.monotonic()
         self.signals = self.forwarded = 0
         self._methods: dict[str, Handler] = {
             "ping": self._ping,
@@ -95,14 +89,18 @@ class Engine:
             "signal_batch": self._signal_batch,
             "leave": self._leave,
             "rejoin": self._rejoin,
-            "status": self._status,
             "define_cohort": self._define_cohort,
             "drop_cohort": self._drop_cohort,
-            "cohorts": self._list_cohorts,
-            "counts": self._counts,
-            "stats": self._stats,
-            "health": self._health,
         }
+        reads = Reads(self)
+        self.health = reads.health
+        self._methods.update(
+            status=reads.status,
+            cohorts=reads.cohorts,
+            counts=reads.counts,
+            stats=reads.stats,
+            health=reads.check_health,
+        )
 
     def start(self) -> None:
         self.committer.start()
@@ -223,101 +221,6 @@ class Engine:
         else:
             self.committer.answer(conn, msgid, False)
 
-    # -- reads -----------------------------------------------------------
-
-    def _status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "status", "user_id", 1, 1)
-        status = self.members.status(params.user_id(args[0]))
-        self.committer.answer(conn, msgid, status.wire())
-
-    def _list_cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        """Every cohort, or, given a page, those named after ``after`` in byte order that
-        fit one reply. Without a page, a list over the message limit is refused, not cut:
-        its shape has no room to say so."""
-        params.arity(args, "cohorts", "page={}", 0, 1)
-        budget = self._reply_budget
-        cohorts = dict(self.cohorts.items())
-        if not args:
-            total = sum(c.size for c in cohorts.values())
-            if total > budget:
-                raise InvalidParams(
-                    f"page: the {len(cohorts)} cohorts take {total} bytes, over the"
-                    f" {budget} a reply may; read them in pages: cohorts({{'limit': n}})"
-                )
-            self.committer.answer(conn, msgid, {n: c.predicate for n, c in cohorts.items()})
-        else:
-            page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
-            after = page.get("after")
-            if after is not None:
-                after = _utf8(params.text(after, "page.after", NAME_MAX_BYTES))
-            names = sorted((n for n in cohorts if after is None or _utf8(n) > after), key=_utf8)
-            listed: dict[str, Any] = {}
-            for name in names[: page.get("limit", MAX_COHORTS)]:
-                budget -= cohorts[name].size
-                if budget < 0 and listed:
-                    break
-                listed[name] = cohorts[name].predicate
-            more = names[len(listed) - 1] if len(listed) < len(names) else None
-            self.committer.answer(conn, msgid, {"cohorts": listed, "more": more})
-        conn.flush()  # a large reply made now must meet the peer's flow control at once
-
-    def _counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "counts", "entity, page={}", 1, 2)
-        entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
-        most = self._reply_budget // SLOT_REPLY_BYTES
-        page = params.page(args[1] if len(args) > 1 else None, "counts", ("after", "limit"), most)
-        after = params.cursor(page["after"]) if page.get("after") is not None else None
-        if msgid is None:
-            conn.reply(None, None)
-            return
-        committer = self.committer
-        uncommitted = [committer.open.deltas]
-        if committer.inflight is not None:
-            uncommitted.append(committer.inflight.deltas)
-        read = self.aggregates.capture(
-            entity, self.cohorts.names(), uncommitted, after, page.get("limit", most)
-        )
-        committer.open.reads.append(read)  # the writer reads the table's share
-        committer.later(conn, msgid, _Counts(read))
-
-    def _stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "stats", "none", 0, 0)
-        signals = self.signals
-        stats = {
-            "version": VERSION,
-            "uptime_s": round(time.monotonic() - self._started, 3),
-            "connections": self._connections(),
-            "signals": signals,
-            "forwarded": self.forwarded,
-            "gated": signals - self.forwarded,
-            "users_left": len(self.members),
-            "commits": self._storage.commits,
-            "storage": self.health()["storage"],
-        }
-        self.committer.answer(conn, msgid, stats)
-
-    def _health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        """Answered after a round trip through the writer: a stuck disk times it out.
-        After a full disk, the round trip carries a small write, to see if space is back."""
-        params.arity(args, "health", "none", 0, 0)
-        if msgid is None:
-            conn.reply(None, None)
-            return
-        committer = self.committer
-        batch = committer.open
-        if committer.full is not None and committer.failed is None and not batch.probe:
-            batch.probe = True
-            batch.writes += 1
-        committer.later(conn, msgid, _HealthCheck(self))
-
-    def health(self) -> dict[str, Any]:
-        failed, full = self.committer.failed, self.committer.full
-        if failed is not None:
-            return report("failed", f"storage failed ({failed}); restart on a healthy disk")
-        if full is not None:
-            return report("full", f"the last commit failed ({full}); writes are refused")
-        return report("ok")
-
     # -- around each commit (the committer's Steps) -----------------------
 
     def prepare(self, batch: Batch) -> None:
@@ -349,32 +252,3 @@ class Engine:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
         self._next_seq = batch.first_seq
-
-
-class _Counts(Later):
-    """A ``counts`` read: memory captured now, the table's share read by the writer."""
-
-    __slots__ = ("read",)
-
-    def __init__(self, read: CountsRead) -> None:
-        self.read = read
-
-    def answer(self) -> dict[str, Any]:
-        return self.read.answer()
-
-
-class _HealthCheck(Later):
-    """A ``health`` request waiting for its writer round trip; answered as things are then."""
-
-    __slots__ = ("engine",)
-    survives_failure = True
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def answer(self) -> dict[str, Any]:
-        return self.engine.health()
-
-
-def _utf8(name: str) -> bytes:
-    return name.encode("utf-8", "surrogateescape")

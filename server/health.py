@@ -8,12 +8,13 @@ disk shows as a health check that times out rather than one that passes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from tidal.protocol import ErrorCode
 
 from . import params
-from .batch import Replier
+from .batch import Later, Replier
 from .errors import InvalidParams
 
 OK: Final = "ok"
@@ -29,6 +30,20 @@ def report(storage: str, error: str | None = None) -> dict[str, Any]:
     if storage == "ok":
         return {"status": OK, "storage": storage}
     return {"status": FAILING, "storage": storage, "error": error or storage}
+
+
+class HealthCheck(Later):
+    """A ``health`` request waiting for its round trip through the writer; answered as
+    things are then, even if that commit failed (it reports, it reveals nothing)."""
+
+    __slots__ = ("now",)
+    survives_failure = True
+
+    def __init__(self, now: Callable[[], dict[str, Any]]) -> None:
+        self.now = now
+
+    def answer(self) -> dict[str, Any]:
+        return self.now()
 
 
 class Booting:

@@ -1,0 +1,117 @@
+"""The read handlers: status, cohorts, counts, stats and health.
+
+A read changes nothing. It is answered at once unless it could show a write not
+yet on disk; ``counts`` and ``health`` always wait for the writer's next round
+trip (the table's share of an entity, and proof that the writer is alive).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from tidal.protocol.limits import ENTITY_MAX_BYTES, MAX_COHORTS, NAME_MAX_BYTES, SLOT_REPLY_BYTES
+
+from . import params
+from .aggregates import CountsRead
+from .batch import Later, Replier
+from .health import HealthCheck, report
+from .version import VERSION
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class Reads:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._started = time.monotonic()
+
+    def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "status", "user_id", 1, 1)
+        status = self._engine.members.status(params.user_id(args[0]))
+        self._engine.committer.answer(conn, msgid, status.wire())
+
+    def cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "cohorts", "page={}", 0, 1)
+        if args:
+            page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
+            after = page.get("after")
+            if after is not None:
+                after = params.text(after, "page.after", NAME_MAX_BYTES)
+            listed = self._engine.cohorts.page(
+                after, page.get("limit", MAX_COHORTS), self._engine.reply_budget
+            )
+        else:
+            listed = self._engine.cohorts.every(self._engine.reply_budget)
+        self._engine.committer.answer(conn, msgid, listed)
+        conn.flush()  # a large reply made now must meet the peer's flow control at once
+
+    def counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "counts", "entity, page={}", 1, 2)
+        entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
+        most = self._engine.reply_budget // SLOT_REPLY_BYTES
+        page = params.page(args[1] if len(args) > 1 else None, "counts", ("after", "limit"), most)
+        after = params.cursor(page["after"]) if page.get("after") is not None else None
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        uncommitted = [committer.open.deltas]
+        if committer.inflight is not None:
+            uncommitted.append(committer.inflight.deltas)
+        read = self._engine.aggregates.capture(
+            entity, self._engine.cohorts.names(), uncommitted, after, page.get("limit", most)
+        )
+        committer.open.reads.append(read)  # the writer reads the table's share
+        committer.later(conn, msgid, _Counts(read))
+
+    def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "stats", "none", 0, 0)
+        signals = self._engine.signals
+        stats = {
+            "version": VERSION,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "connections": self._engine.connections(),
+            "signals": signals,
+            "forwarded": self._engine.forwarded,
+            "gated": signals - self._engine.forwarded,
+            "users_left": len(self._engine.members),
+            "commits": self._engine.storage.commits,
+            "storage": self.health()["storage"],
+        }
+        self._engine.committer.answer(conn, msgid, stats)
+
+    def check_health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """Answered after a round trip through the writer: a stuck disk times it out.
+        After a full disk, the round trip carries a small write, to see if space is back."""
+        params.arity(args, "health", "none", 0, 0)
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        batch = committer.open
+        if committer.full is not None and committer.failed is None and not batch.probe:
+            batch.probe = True
+            batch.writes += 1
+        committer.later(conn, msgid, HealthCheck(self.health))
+
+    def health(self) -> dict[str, Any]:
+        failed, full = self._engine.committer.failed, self._engine.committer.full
+        if failed is not None:
+            return report("failed", f"storage failed ({failed}); restart on a healthy disk")
+        if full is not None:
+            return report("full", f"the last commit failed ({full}); writes are refused")
+        return report("ok")
+
+
+class _Counts(Later):
+    """A ``counts`` read: memory captured now, the table's share read by the writer."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: CountsRead) -> None:
+        self.read = read
+
+    def answer(self) -> dict[str, Any]:
+        return self.read.answer()
