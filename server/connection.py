@@ -8,10 +8,8 @@ leave in a single ``transport.write``.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -28,9 +26,11 @@ from tidal.protocol import (
     Request,
 )
 
+from .auth import AUTH_ATTEMPTS, PREAUTH_BYTES, Auth
 from .batch import Replier
 from .config import Config
 from .dispose import Disposer
+from .flow import FlowControl
 from .metrics import Metrics
 
 log = logging.getLogger("tidal.connection")
@@ -63,41 +63,6 @@ class ServerState:
             conn.flow.set(FlowControl.HELD, on)
 
 
-class FlowControl:
-    """Reading, and applying what was read, stop for any of a few reasons and go on only
-    once none is left. Each reason is set and cleared on its own, so that one passing
-    never resumes a connection another still holds."""
-
-    BUSY = 1  # too many requests awaiting replies (--max-inflight)
-    BLOCKED = 2  # the peer does not read its replies: the transport's buffer is full
-    HELD = 4  # the engine holds all the work it may until a commit ends (every connection)
-    YIELDED = 8  # this connection had its slice of the loop; others go first
-    READS = 16  # too many large reads (counts) awaiting replies
-    DRAINING = 32  # shutting down: nothing more is taken on
-
-    def __init__(self, transport: asyncio.Transport, resume: Callable[[], None]) -> None:
-        self._transport = transport
-        self._resume = resume
-        self.stopped = 0  # the reasons set now
-
-    def set(self, reason: int, on: bool) -> None:
-        was = self.stopped
-        now = was | reason if on else was & ~reason
-        if now == was:
-            return
-        self.stopped = now
-        if self._transport.is_closing():
-            return
-        if not now:
-            self._transport.resume_reading()
-            self._resume()
-        elif not was:
-            self._transport.pause_reading()
-
-
-#: Before ``auth`` succeeds a connection may send this much, and fail this often.
-PREAUTH_BYTES = 1024
-AUTH_ATTEMPTS = 3
 #: Applying requests from one connection gives the loop back after this long, so that
 #: a client with much to do never keeps the others waiting for longer.
 SLICE_SECONDS = 0.02
@@ -114,9 +79,7 @@ class ServerConnection(asyncio.Protocol):
         self._max_inflight = config.max_inflight
         self._connections = state.connections
         self._out: list[list[Any]] = []  # replies not yet written
-        self._token = config.token.encode() if config.token else None
-        self.authenticated = self._token is None
-        self._auth_failures = 0
+        self._auth = Auth(config.token)
         self.inflight = 0  # requests and notifications applied but not yet committed
         self._reads = 0  # counts awaiting replies
         self.closed = False
@@ -203,7 +166,7 @@ class ServerConnection(asyncio.Protocol):
                 start = conn.offset
                 event = conn.next_event()
                 if event is DECODING:  # a slice of a large message: the clock still runs
-                    if not self.authenticated:
+                    if not self._auth.done:
                         self._too_much_before_auth()
                         return
                     if time.monotonic() - began > SLICE_SECONDS:
@@ -212,7 +175,7 @@ class ServerConnection(asyncio.Protocol):
                     continue
                 if event is NEED_DATA:
                     self._input_left = False
-                    if not self.authenticated and conn.received > PREAUTH_BYTES:
+                    if not self._auth.done and conn.received > PREAUTH_BYTES:
                         self._too_much_before_auth()
                         return
                     if conn.pending and self.partial_since is None:
@@ -220,20 +183,26 @@ class ServerConnection(asyncio.Protocol):
                     break
                 self.last_active = now
                 self.partial_since = None
-                if not self.authenticated and conn.offset > PREAUTH_BYTES:
+                if not self._auth.done and conn.offset > PREAUTH_BYTES:
                     self._too_much_before_auth()
                     return
                 if type(event) is Request:
                     self.inflight += 1
                     if metrics is not None:
                         self._started[event.msgid] = (event.method, now)
-                    if not self.authenticated or event.method == "auth":
-                        if not self._auth(event):
+                    if not self._auth.done or event.method == "auth":
+                        if not self._auth.take(event, self):
+                            log.warning(
+                                "closing %s after %d failed auths", self.peer, AUTH_ATTEMPTS
+                            )
+                            self.flush()
+                            self.transport.close()
+                            self.closed = True
                             return
                     else:
                         handle(self, event.msgid, event.method, event.params)
                 elif type(event) is Notification:
-                    if self.authenticated:  # work in flight too, until committed
+                    if self._auth.done:  # work in flight too, until committed
                         self.inflight += 1
                         handle(self, None, event.method, event.params)
                 elif type(event) is BadRequest:
@@ -260,36 +229,11 @@ class ServerConnection(asyncio.Protocol):
         self.closed = True
         self.transport.abort()
 
-    def _auth(self, request: Request) -> bool:
-        """Answer a request made before ``auth`` succeeded, or ``auth`` itself.
-
-        False when the connection is being closed for too many failures.
-        """
-        if request.method != "auth":
-            self._auth_failed(request.msgid, "unauthorized: the first request must be auth(token)")
-        elif len(request.params) != 1 or not isinstance(request.params[0], str | bytes):
-            self._auth_failed(request.msgid, "auth takes 1 param (token), a string")
-        elif self._token is None:
-            self.reply(request.msgid, True)  # no token configured: auth is a no-op
-        else:
-            given = request.params[0]
-            given = given.encode("utf-8", "surrogateescape") if isinstance(given, str) else given
-            if hmac.compare_digest(given, self._token):
-                self.authenticated = True
-                self.reply(request.msgid, True)
-            else:
-                self._auth_failed(request.msgid, "unauthorized: wrong token")
-        if self._auth_failures >= AUTH_ATTEMPTS:
-            log.warning("closing %s after %d failed auth attempts", self.peer, AUTH_ATTEMPTS)
-            self.flush()
-            self.transport.close()
-            self.closed = True
-            return False
-        return True
-
-    def _auth_failed(self, msgid: int, message: str) -> None:
-        self._auth_failures += 1
-        self.reply_error(msgid, ErrorCode.UNAUTHORIZED, message)
+    def _auth_refused(self) -> None:
+        log.warning("closing %s after %d failed auth attempts", self.peer, AUTH_ATTEMPTS)
+        self.flush()
+        self.transport.close()
+        self.closed = True
 
     def _protocol_failure(self, exc: RemoteProtocolError) -> None:
         log.info("closing connection from %s: %s", self.peer, exc)

@@ -1,4 +1,4 @@
-"""SQLite storage through aiosqlite: schema, migrations, the boot load and the group commit.
+"""SQLite storage through aiosqlite: the boot load and the group commit (``schema``: the rest).
 
 One connection, one thread, one writer: every batch is one transaction and one
 call on that thread, whatever number of requests and connections it carries.
@@ -13,9 +13,7 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 import sqlite3
-import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -26,9 +24,10 @@ from typing import Any, Final, NamedTuple, TypeVar, cast
 import aiosqlite
 import msgpack
 
+from . import schema
 from .batch import Batch
 from .config import Durability
-from .errors import CorruptDatabase, DatabaseUnusable, StorageFailure
+from .errors import StorageFailure
 
 log = logging.getLogger("tidal.storage")
 
@@ -36,55 +35,6 @@ T = TypeVar("T")
 
 _U64: Final = 2**64
 _I64_MAX: Final = 2**63 - 1
-
-#: Each entry takes the schema from version i to i + 1; ``PRAGMA user_version`` says where we are.
-MIGRATIONS: Final[list[list[str]]] = [
-    [
-        """CREATE TABLE ledger (
-            seq INTEGER PRIMARY KEY,
-            user_id INTEGER NOT NULL,
-            entity TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            weight REAL NOT NULL,
-            ts_ns INTEGER NOT NULL,
-            forwarded INTEGER NOT NULL,
-            context BLOB  -- msgpack [communities, attrs, cohort ids]: what it named and reached
-        )""",
-        # A view of the ledger up to meta.aggregates_seq (see aggregates.py).
-        # layer 0 ledger (key ''), 1 cohort (key = cohort id), 2 community (key = name)
-        """CREATE TABLE aggregates (
-            entity TEXT NOT NULL,
-            layer INTEGER NOT NULL,
-            key NOT NULL,  -- no type: no affinity, so a community named "007" stays text
-            kind TEXT NOT NULL,
-            count INTEGER NOT NULL,
-            weight REAL NOT NULL,
-            PRIMARY KEY (entity, layer, key, kind)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE memberships (
-            user_id INTEGER PRIMARY KEY,
-            left INTEGER NOT NULL,
-            left_at_ns INTEGER NOT NULL
-        )""",
-        """CREATE TABLE cohorts (
-            id INTEGER PRIMARY KEY,
-            name TEXT NOT NULL UNIQUE,
-            predicate BLOB NOT NULL
-        )""",
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
-    ],
-    [
-        # idempotency keys of signals (context "id"), kept for the retention window
-        """CREATE TABLE signal_keys (
-            key TEXT PRIMARY KEY,
-            seq INTEGER NOT NULL,
-            forwarded INTEGER NOT NULL,
-            ts_ns INTEGER NOT NULL
-        ) WITHOUT ROWID""",
-        "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
-    ],
-]
-SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
 class _Bulk(NamedTuple):
@@ -139,19 +89,6 @@ def from_db(value: int) -> int:
     return value + _U64 if value < 0 else value
 
 
-_RECOVER = (
-    "tidal will not serve a damaged database. Restore the file (and its -wal) from a backup,"
-    " or keep what can be read with: sqlite3 DB '.recover' | sqlite3 NEW.db"
-)
-
-
-async def _check(db: aiosqlite.Connection, location: str) -> None:
-    """``PRAGMA quick_check`` before anything is read: a damaged file stops the boot."""
-    problems = [row[0] for row in await db.execute_fetchall("PRAGMA quick_check(5)")]
-    if problems != ["ok"]:
-        raise CorruptDatabase(f"{location} failed its integrity check: {problems}; {_RECOVER}")
-
-
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """What the server needs in memory before it accepts a connection."""
@@ -197,7 +134,7 @@ class Storage:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
         location = str(path)
-        _check_writable(location)
+        schema.check_writable(location)
 
         def connector() -> sqlite3.Connection:
             return sqlite3.connect(location, isolation_level=None, check_same_thread=False)
@@ -208,15 +145,15 @@ class Storage:
         except sqlite3.Error as exc:
             if pending._stopping is not None:
                 await pending._stopping
-            raise _explain(location, exc) from None
+            raise schema.explain(location, exc) from None
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
-            await _check(db, location)
-            await _migrate(db, location)
+            await schema.check(db, location)
+            await schema.migrate(db, location)
         except sqlite3.Error as exc:
             await db.close()
-            raise _explain(location, exc) from None
+            raise schema.explain(location, exc) from None
         except BaseException:
             await db.close()
             raise
@@ -372,49 +309,3 @@ def _write_cohorts(db: sqlite3.Connection, batch: Batch) -> None:
         db.executemany(_UPSERT_COHORT, defined)
     if batch.next_cohort_id is not None:
         db.execute(_SET_META, ("next_cohort_id", batch.next_cohort_id))
-
-
-def _check_writable(location: str) -> None:
-    """A read-only file is healthy, not damaged: say so before SQLite calls it a failure."""
-    if os.path.exists(location) and not os.access(location, os.W_OK):
-        mode = stat.filemode(os.stat(location).st_mode)
-        raise DatabaseUnusable(
-            f"{location} is read-only ({mode}) for uid {os.getuid()}; tidal needs to write it"
-            " (check its mode, owner and mount)"
-        )
-
-
-def _explain(location: str, exc: sqlite3.Error) -> Exception:
-    """The operator's view of a failure to open: damage is told apart from everything else."""
-    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
-    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-        return CorruptDatabase(f"{location}: {exc}; {_RECOVER}")
-    if code == sqlite3.SQLITE_READONLY:
-        return DatabaseUnusable(
-            f"{location} is read-only ({exc}); tidal needs to write it and the files beside it"
-            " (check the mode, owner and mount of the file and its directory)"
-        )
-    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        return DatabaseUnusable(f"{location} is locked by another program ({exc}); stop it first")
-    return DatabaseUnusable(f"{location} cannot be opened: {exc}")
-
-
-async def _migrate(db: aiosqlite.Connection, location: str) -> None:
-    ((version,),) = await db.execute_fetchall("PRAGMA user_version")
-    if version > SCHEMA_VERSION:
-        raise DatabaseUnusable(
-            f"{location} has schema version {version}, newer than this tidal understands"
-            f" ({SCHEMA_VERSION}): it was written by a newer tidal; run that version, or restore"
-            " a backup taken before the upgrade"
-        )
-    for target in range(version, SCHEMA_VERSION):
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in MIGRATIONS[target]:
-                await db.execute(statement)
-            await db.execute(f"PRAGMA user_version = {target + 1}")
-            await db.execute("COMMIT")
-        except BaseException:
-            await db.execute("ROLLBACK")
-            raise
-        log.info("database schema migrated to version %d", target + 1)

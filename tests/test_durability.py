@@ -18,7 +18,7 @@ from tidal.client import Client, ConnectionLost, Signal, Unavailable
 from tidal.server import Config, Server
 from tidal.server.batch import Batch
 from tidal.server.errors import DatabaseUnusable, StorageFailure
-from tidal.server.storage import SCHEMA_VERSION
+from tidal.server.schema import SCHEMA_VERSION
 
 from .conftest import ServerProcess
 

@@ -1,0 +1,40 @@
+"""Flow control for one connection: reading, and applying what was read, stop for any
+of a few reasons, each set and cleared on its own (as uvicorn's FlowControl, with more
+reasons than a paused transport)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+class FlowControl:
+    """Reading, and applying what was read, stop for any of a few reasons and go on only
+    once none is left. Each reason is set and cleared on its own, so that one passing
+    never resumes a connection another still holds."""
+
+    BUSY = 1  # too many requests awaiting replies (--max-inflight)
+    BLOCKED = 2  # the peer does not read its replies: the transport's buffer is full
+    HELD = 4  # the engine holds all the work it may until a commit ends (every connection)
+    YIELDED = 8  # this connection had its slice of the loop; others go first
+    READS = 16  # too many large reads (counts) awaiting replies
+    DRAINING = 32  # shutting down: nothing more is taken on
+
+    def __init__(self, transport: asyncio.Transport, resume: Callable[[], None]) -> None:
+        self._transport = transport
+        self._resume = resume
+        self.stopped = 0  # the reasons set now
+
+    def set(self, reason: int, on: bool) -> None:
+        was = self.stopped
+        now = was | reason if on else was & ~reason
+        if now == was:
+            return
+        self.stopped = now
+        if self._transport.is_closing():
+            return
+        if not now:
+            self._transport.resume_reading()
+            self._resume()
+        elif not was:
+            self._transport.pause_reading()
