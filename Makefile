@@ -40,7 +40,9 @@ lint: $(STAMP)
 	ln -s ../../protocol .lint/tidal/protocol
 	ln -s ../../client .lint/tidal/client
 	ln -s ../../cli .lint/tidal/cli
-	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml -p tidal.protocol -p tidal.server -p tidal.client -p tidal.cli
+	ln -s ../tests .lint/tests
+	ln -s ../bench .lint/bench
+	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml --explicit-package-bases tidal tests bench
 
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)

@@ -20,47 +20,21 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tidal.cli.child import Child, start
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 TIDAL = str(VENV_BIN / "tidal")
 SHAPES = [(1, 1), (50, 1), (16, 16), (4, 64)]
-LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
-@dataclass
-class Server:
-    proc: subprocess.Popen[str]
-    port: int
-    log: list[str]
-
-    def rss_kib(self) -> int:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        match = re.search(r"VmRSS:\s+(\d+) kB", status)
-        return int(match.group(1)) if match else 0
-
-
-def start(cmd: list[str], ready: re.Pattern[str] = LISTENING) -> Server:
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    assert proc.stderr is not None
-    log: list[str] = []
-    for line in proc.stderr:
-        log.append(line)
-        if match := ready.search(line):
-            # keep draining stderr so the server never blocks on a full pipe
-            threading.Thread(target=log.extend, args=(proc.stderr,), daemon=True).start()
-            return Server(proc, int(match.group(2)), log)
-    raise RuntimeError(f"{cmd[0]} exited before listening:\n{''.join(log)}")
-
-
-def stop(server: Server) -> None:
+def stop(server: Child) -> None:
     server.proc.send_signal(signal.SIGTERM)
     try:
         server.proc.wait(60)
@@ -70,7 +44,7 @@ def stop(server: Server) -> None:
 
 
 @contextmanager
-def tidal_server(durability: str, db: Path | None = None) -> Iterator[Server]:
+def tidal_server(durability: str, db: Path | None = None) -> Iterator[Child]:
     with tempfile.TemporaryDirectory(prefix="tidal-bench-") as tmp:
         path = db or Path(tmp) / "bench.db"
         server = start(
@@ -83,7 +57,7 @@ def tidal_server(durability: str, db: Path | None = None) -> Iterator[Server]:
 
 
 @contextmanager
-def bare_server() -> Iterator[Server]:
+def bare_server() -> Iterator[Child]:
     server = start([sys.executable, str(ROOT / "bench" / "bare_server.py"), "--port", "0"])
     try:
         yield server
@@ -123,7 +97,7 @@ def ensure_redis() -> None:
 
 
 @contextmanager
-def redis_server(fsync: str) -> Iterator[Server]:
+def redis_server(fsync: str) -> Iterator[Child]:
     with tempfile.TemporaryDirectory(prefix="tidal-bench-redis-") as tmp:
         port = free_port()
         proc = subprocess.Popen(
@@ -140,7 +114,7 @@ def redis_server(fsync: str) -> Iterator[Server]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        server = Server(proc, port, [])  # type: ignore[arg-type]
+        server = Child(proc, port, [])  # type: ignore[arg-type]
         try:
             for _ in range(200):
                 if redis_cli(port, "PING").strip() == "PONG":

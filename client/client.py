@@ -11,7 +11,7 @@ import asyncio
 import enum
 import logging
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Final, cast
 
@@ -273,7 +273,7 @@ class Client:
         weight: float = 1.0,
         *,
         communities: Iterable[str] | None = None,
-        attrs: dict[str, Scalar] | None = None,
+        attrs: Mapping[str, Scalar] | None = None,
         key: str | None = None,
     ) -> SignalAck:
         """``key`` (1..64 bytes) makes the signal idempotent: a repeat within the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from tidal.protocol.limits import USER_ID_MAX
@@ -29,7 +29,7 @@ def signal(
     kind: str,
     weight: float,
     communities: Iterable[str] | None,
-    attrs: dict[str, Scalar] | None,
+    attrs: Mapping[str, Scalar] | None,
     key: str | None,
 ) -> Call:
     params: list[Any] = [checked_user_id(user_id), entity, kind, weight]

@@ -12,7 +12,7 @@ import socket
 import ssl as ssl_module
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -235,7 +235,7 @@ class SyncClient:
         weight: float = 1.0,
         *,
         communities: Iterable[str] | None = None,
-        attrs: dict[str, Scalar] | None = None,
+        attrs: Mapping[str, Scalar] | None = None,
         key: str | None = None,
     ) -> SignalAck:
         key = requests.key_for(key, self._auto_keys)

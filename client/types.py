@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypeAlias
 
@@ -70,7 +71,7 @@ class Signal(NamedTuple):
     kind: str
     weight: float = 1.0
     communities: tuple[str, ...] | list[str] = ()
-    attrs: dict[str, Scalar] | None = None
+    attrs: Mapping[str, Scalar] | None = None
     key: str | None = None  # idempotency key (context "id")
 
     def wire(self) -> list[Any]:
@@ -83,7 +84,7 @@ class Signal(NamedTuple):
 
 def _context(
     communities: tuple[str, ...] | list[str] | None,
-    attrs: dict[str, Scalar] | None,
+    attrs: Mapping[str, Scalar] | None,
     key: str | None = None,
 ) -> dict[str, Any]:
     context: dict[str, Any] = {}

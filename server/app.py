@@ -36,8 +36,10 @@ log = logging.getLogger("tidal.server")
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, clock: Callable[[], int] = time.time_ns) -> None:
+        """``clock``: wall-clock nanoseconds (leave times, the idempotency window)."""
         self.config = config
+        self._clock = clock
         self.state = ServerState(Booting(), None)
         self._server: asyncio.Server | None = None
         self._lock: DatabaseLock | None = None
@@ -139,11 +141,12 @@ class Server:
         began = time.perf_counter()
         self._storage = await Storage.open(config.db, config.durability)
         window_ns = int(config.idempotency_window * 1e9)
-        snapshot = await self._storage.load(time.time_ns() - window_ns, config.idempotency_max_keys)
+        snapshot = await self._storage.load(self._clock() - window_ns, config.idempotency_max_keys)
         engine = Engine(
             self._storage,
             snapshot,
             metrics=self.metrics,
+            clock=self._clock,
             connections=lambda: len(self.connections),
             checkpoint_signals=config.checkpoint_signals,
             checkpoint_seconds=config.checkpoint_seconds,

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from tidal.cli.child import listening_port
+from tidal.cli.child import start as start_child
 from tidal.client import Client
 from tidal.server import Config, Server
-
-LISTENING = re.compile(rb"listening on (\S+):(\d+)")
 
 
 @contextlib.contextmanager
@@ -107,8 +105,8 @@ class ServerProcess:
                     "tidal serve exited before listening:\n" + b"".join(self.log).decode()
                 )
             self.log.append(line)
-            if match := LISTENING.search(line):
-                self.port = int(match.group(2))
+            if (port := listening_port(line)) is not None:
+                self.port = port
                 break
         self._reader = asyncio.create_task(self._drain(self.proc.stderr))
         return self
@@ -151,21 +149,9 @@ class BlockingServer:
 
     def start(self) -> BlockingServer:
         serve = ["serve", "--port", "0", "--db", str(self.db), *self.extra]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tidal.cli", *serve],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            if match := LISTENING.search(line.encode()):
-                self.port = int(match.group(2))
-                # keep reading so that the server never blocks on a full pipe
-                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
-                return self
-        raise AssertionError(f"tidal serve exited with {self.proc.wait()} before listening")
+        child = start_child([sys.executable, "-m", "tidal.cli", *serve])
+        self.proc, self.port = child.proc, child.port
+        return self
 
     def stop(self, signum: int = signal.SIGTERM) -> int:
         assert self.proc is not None

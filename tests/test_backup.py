@@ -12,7 +12,8 @@ import pytest
 
 from tidal.client import Client
 from tidal.server import Config, Server
-from tidal.server.backup import BackupFailed, backup
+from tidal.server.backup import backup
+from tidal.server.errors import BackupFailed
 
 from .conftest import ServerProcess
 

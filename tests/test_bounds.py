@@ -99,7 +99,7 @@ async def test_near_miss_cohorts_do_not_freeze_the_loop(db_path: Path) -> None:
         peer = await RawPeer.open(("127.0.0.1", proc.port))
         attrs = {f"a{i}": "x" for i in range(64)}
         for c in range(1000):
-            predicate = dict(attrs)
+            predicate: dict[str, Any] = dict(attrs)
             predicate[f"a{c % 64}"] = ["y", f"z{c}"]  # all but one attribute match
             peer.writer.write(msgpack.packb([0, c, "define_cohort", [f"c{c}", predicate]]))
         for _ in range(1000):

@@ -10,6 +10,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -176,7 +177,9 @@ async def test_sigterm_under_load_answers_what_it_read_and_exits_0(
     await process.start()
     idle = await process.connect()
     busy = [await process.connect() for _ in range(4)]
-    calls = [asyncio.ensure_future(c.signal(i, "term", "view")) for i in range(1000) for c in busy]
+    calls: list[asyncio.Future[Any]] = [
+        asyncio.ensure_future(c.signal(i, "term", "view")) for i in range(1000) for c in busy
+    ]
     calls += [
         asyncio.ensure_future(c.signal_batch([Signal(1, "term", "view")] * 500)) for c in busy
     ]

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tidal.cli.child import listening_port
 from tidal.client import CallTimeout, Client, Unavailable
 from tidal.server import Config, Server
 from tidal.server.batch import Batch
 from tidal.server.errors import StorageFailure
 
-from .conftest import LISTENING
 from .test_durability import wrap_commit
 from .test_observability import scrape, value
 
@@ -144,7 +144,7 @@ async def test_a_long_boot_answers_health_as_starting(db_path: Path) -> None:
             assert value(text, "tidal_ready") == 0 and value(text, "tidal_storage_up") == 0
             made.execute("ROLLBACK")
             made.close()
-            while not LISTENING.search(await asyncio.wait_for(proc.stderr.readline(), 30)):
+            while listening_port(await asyncio.wait_for(proc.stderr.readline(), 30)) is None:
                 pass
             assert (await c.health())["status"] == "ok"  # the same connection, now served
             assert (await c.status(1)).status == "active"

@@ -23,7 +23,7 @@ from tidal.protocol import (
 
 def events(conn: Connection, data: bytes) -> list[object]:
     conn.receive_data(data)
-    out = []
+    out: list[object] = []
     while (event := conn.next_event()) is not NEED_DATA:
         out.append(event)
     return out
@@ -155,16 +155,20 @@ def test_pending_counts_the_bytes_of_a_partial_message() -> None:
     assert conn.pending == len(partial)
 
 
+def holds_a_decoder(conn: Connection) -> bool:
+    return conn._scanner is not None and conn._unpacker is not None
+
+
 def test_a_resting_connection_lets_go_of_its_decoder_and_goes_on() -> None:
     conn = Connection()
     ping = msgpack.packb([0, 1, "ping", []])
     assert len(events(conn, ping)) == 1
     conn.rest()
-    assert conn._scanner is None and conn._unpacker is None
+    assert not holds_a_decoder(conn)
     half = msgpack.packb([0, 2, "status", [7]])
     assert events(conn, ping + half[:5]) != [] and conn.pending == 5
     conn.rest()  # a message is pending: the decoder stays
-    assert conn._scanner is not None
+    assert holds_a_decoder(conn)
     (event,) = events(conn, half[5:])
     assert event == Request(2, "status", [7]) and conn.offset == len(ping) * 2 + len(half)
 

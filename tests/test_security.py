@@ -78,7 +78,7 @@ async def test_protected_mode_refuses_open_addresses_without_a_token(db_path: Pa
     with pytest.raises(ProtectedMode, match="--token"):
         await started(db_path, host="0.0.0.0")
     for settings in ({"token": TOKEN}, {"insecure": True}):
-        server = Server(Config(host="0.0.0.0", port=0, db=str(db_path), **settings))  # type: ignore[arg-type]
+        server = Server(Config(host="0.0.0.0", port=0, db=str(db_path), **settings))
         await server.start()
         await server.shutdown()
 
