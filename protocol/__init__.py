@@ -1,7 +1,8 @@
 """MessagePack-RPC for tidal, sans-I/O: no sockets, no event loop, only bytes and messages."""
 
-from .connection import DECODING, DEFAULT_MAX_MESSAGE_SIZE, NEED_DATA, Connection
+from .connection import DEFAULT_MAX_MESSAGE_SIZE, Connection
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from .framing import DECODING, NEED_DATA
 from .messages import (
     MSGID_MAX,
     MSGID_MIN,

@@ -156,7 +156,8 @@ def test_pending_counts_the_bytes_of_a_partial_message() -> None:
 
 
 def holds_a_decoder(conn: Connection) -> bool:
-    return conn._scanner is not None and conn._unpacker is not None
+    framing = conn._framing
+    return framing._scanner is not None and framing._unpacker is not None
 
 
 def test_a_resting_connection_lets_go_of_its_decoder_and_goes_on() -> None:
