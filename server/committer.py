@@ -34,6 +34,9 @@ OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communitie
 class Steps(Protocol):
     """What the engine does around each commit."""
 
+    def next_seq(self) -> int:
+        """The ledger seq the next signal will take: where a new open batch starts."""
+
     def prepare(self, batch: Batch) -> None:
         """Before ``batch`` commits: add what is due (a checkpoint, old keys to forget)."""
 
@@ -139,7 +142,7 @@ class Committer:
                 self._last_tried = True
             elif self.failed is None:
                 self._steps.prepare(batch)
-            self.open = Batch(batch.first_seq + batch.signals)
+            self.open = Batch(self._steps.next_seq())
             self.inflight = batch
             self._hold(False)
             began = time.perf_counter()

@@ -223,6 +223,9 @@ class Engine:
 
     # -- around each commit (the committer's Steps) -----------------------
 
+    def next_seq(self) -> int:
+        return self._next_seq
+
     def prepare(self, batch: Batch) -> None:
         if self.aggregates.due():
             # everything before this batch has committed: the live deltas run to here
