@@ -107,10 +107,11 @@ class Framing:
     def next_object(self) -> Any:
         """The next whole message, decoded; or ``NEED_DATA``, or ``DECODING`` (see
         ``decode_slice``). Raises ``RemoteProtocolError`` for what cannot be framed."""
-        if not self._ends and not self._scan():
+        ends = self._ends
+        if not ends and not self._scan():
             return NEED_DATA
         assert self._unpacker is not None  # _scan made it
-        end = self._ends[0]
+        end = ends[0]
         if self._given < end:
             # whole messages only, so each header's elements are there; a large one a
             # slice at a time
@@ -134,11 +135,8 @@ class Framing:
         finally:
             if pause_gc:
                 gc.enable()
-        self._ends.popleft()
+        ends.popleft()
         self.offset = end
-        pieces = self._pieces
-        while len(pieces) > 1 and pieces[1][0] <= self.offset:
-            pieces.popleft()
         return obj
 
     def _scan(self) -> bool:
@@ -146,6 +144,9 @@ class Framing:
 
         False when not one whole message is there yet.
         """
+        pieces = self._pieces  # drop those wholly before the last message decoded
+        while len(pieces) > 1 and pieces[1][0] <= self.offset:
+            pieces.popleft()
         scanner = self._scanner
         if scanner is None:
             if not self._input:

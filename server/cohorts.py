@@ -68,7 +68,9 @@ class CohortIndex:
         self._ids: list[int] = []  # cohort id per bit
         self._alive = 0  # bits of cohorts defined now
         self._need = [0] * self._PLANES  # per cohort, the count to reach, bit-sliced
-        self._allowed: dict[str, dict[_Tagged, int]] = {}  # attr -> value -> cohort bits
+        self._planes = 1  # planes in use: enough for the longest predicate's count
+        # attr -> value -> cohort bits; a bool value is keyed (True,) so that it is not 1
+        self._allowed: dict[str, dict[object, int]] = {}
         self._bits: dict[int, int] = {}  # cohort id -> its bit
         self._cache: dict[int, tuple[int, ...]] = {}  # matching bits -> cohort ids
 
@@ -79,13 +81,15 @@ class CohortIndex:
         self._bits[cohort.id] = slot
         self._alive |= bit
         need = len(cohort._wanted)
+        self._planes = max(self._planes, need.bit_length())
         for i in range(self._PLANES):
             if need >> i & 1:
                 self._need[i] |= bit
         for attr, values in cohort._wanted:
             by_value = self._allowed.setdefault(attr, {})
-            for value in values:
-                by_value[value] = by_value.get(value, 0) | bit
+            for tagged in values:
+                key = _key(tagged)
+                by_value[key] = by_value.get(key, 0) | bit
         self._cache.clear()
 
     def remove(self, cohort: Cohort) -> None:
@@ -95,12 +99,13 @@ class CohortIndex:
         self._need = [plane & ~bit for plane in self._need]
         for attr, values in cohort._wanted:
             by_value = self._allowed[attr]
-            for value in values:
-                left = by_value[value] & ~bit
+            for tagged in values:
+                key = _key(tagged)
+                left = by_value[key] & ~bit
                 if left:
-                    by_value[value] = left
+                    by_value[key] = left
                 else:
-                    del by_value[value]
+                    del by_value[key]
             if not by_value:
                 del self._allowed[attr]
         self._cache.clear()
@@ -112,22 +117,31 @@ class CohortIndex:
 
     def match(self, attrs: dict[str, Scalar]) -> tuple[int, ...]:
         """The ids of the cohorts whose predicate ``attrs`` satisfy (on the signal path)."""
-        planes = [0] * self._PLANES
         allowed = self._allowed
-        for attr, value in attrs.items():
-            by_value = allowed.get(attr)
-            if by_value is None:
-                continue
-            carry = by_value.get((type(value) is bool, value), 0)
-            i = 0
-            while carry:
-                plane = planes[i]
-                planes[i] = plane ^ carry
-                carry &= plane
-                i += 1
-        found = self._alive
-        for plane, need in zip(planes, self._need, strict=True):
-            found &= ~(plane ^ need)
+        if self._planes == 1:  # no predicate names two attributes: a count is 0 or 1
+            hits = 0
+            for attr, value in attrs.items():
+                by_value = allowed.get(attr)
+                if by_value is not None:
+                    hits |= by_value.get(value if type(value) is not bool else (value,), 0)
+            found = self._alive & ~(hits ^ self._need[0])
+        else:
+            planes = [0] * self._planes
+            for attr, value in attrs.items():
+                by_value = allowed.get(attr)
+                if by_value is None:
+                    continue
+                carry = by_value.get(value if type(value) is not bool else (value,), 0)
+                i = 0
+                while carry:
+                    plane = planes[i]
+                    planes[i] = plane ^ carry
+                    carry &= plane
+                    i += 1
+            found = self._alive
+            # planes past the longest predicate are 0 in every count and every need
+            for plane, need in zip(planes, self._need, strict=False):
+                found &= ~(plane ^ need)
         ids = self._cache.get(found)
         if ids is None:
             if len(self._cache) >= 4096:
@@ -150,6 +164,11 @@ def index(cohorts: Iterable[Cohort]) -> CohortIndex:
     for cohort in cohorts:
         built.add(cohort)
     return built
+
+
+def _key(tagged: _Tagged) -> object:
+    is_bool, value = tagged
+    return (value,) if is_bool else value
 
 
 def _utf8(name: str) -> bytes:

@@ -160,12 +160,13 @@ class ServerConnection(asyncio.Protocol):
         flow = self.flow
         metrics = self._metrics
         began = now = time.monotonic()
+        sliced = False  # the message being decoded came in slices: it is large
         self._input_left = True
         try:
             while not (flow.stopped or self.closed):
-                start = conn.offset
                 event = conn.next_event()
                 if event is DECODING:  # a slice of a large message: the clock still runs
+                    sliced = True
                     if not self._auth.done:
                         self._too_much_before_auth()
                         return
@@ -209,9 +210,11 @@ class ServerConnection(asyncio.Protocol):
                     self.inflight += 1
                     self.reply_error(event.msgid, event.code, event.message)
                 # a stray Response is ignored: we never send requests
-                if conn.offset - start > DECODE_SLICE and type(event) in (Request, Notification):
-                    # freed a slice at a time, not all at once when ``event`` goes
-                    self._state.disposer.add(cast(Request, event).params)
+                if sliced:
+                    sliced = False
+                    if type(event) is Request or type(event) is Notification:
+                        # freed a slice at a time, not all at once when ``event`` goes
+                        self._state.disposer.add(event.params)
                 if self.inflight >= self._max_inflight:
                     flow.set(FlowControl.BUSY, True)
                 now = time.monotonic()
