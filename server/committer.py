@@ -59,16 +59,12 @@ class Committer:
         *,
         metrics: Metrics | None = None,
         hold: Callable[[bool], None] = lambda on: None,
-        open_signals: int = OPEN_SIGNALS,
-        open_fanout: int = OPEN_FANOUT,
     ) -> None:
         self._storage = storage
         self._steps = steps
         self._metrics = metrics
         #: back-pressure: stops (True) or lets go on (False) every connection
         self._hold = hold
-        self._open_signals = open_signals
-        self._open_fanout = open_fanout
         self.open = Batch(first_seq)
         self.inflight: Batch | None = None
         self.failed: str | None = None  # a commit failed for good: writes refused
@@ -106,7 +102,7 @@ class Committer:
         batch.replies.append((conn, msgid, result))
         if self._idle is not None:
             self._wake()
-        if batch.signals >= self._open_signals or batch.fanout >= self._open_fanout:
+        if batch.signals >= OPEN_SIGNALS or batch.fanout >= OPEN_FANOUT:
             self._hold(True)  # let go of when the writer takes this batch
 
     def answer(self, conn: Replier, msgid: int | None, result: Any) -> None:

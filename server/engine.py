@@ -28,7 +28,7 @@ from . import ledger, params
 from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from .batch import Batch, Replier
 from .cohorts import Registry
-from .committer import OPEN_FANOUT, OPEN_SIGNALS, Committer
+from .committer import Committer
 from .errors import InvalidParams, MethodNotFound, RequestError
 from .keys import Keys
 from .members import Members
@@ -56,8 +56,6 @@ class Engine:
         max_keys: int = 1_000_000,
         metrics: Metrics | None = None,
         hold: Callable[[bool], None] = lambda on: None,
-        open_signals: int = OPEN_SIGNALS,
-        open_fanout: int = OPEN_FANOUT,
         max_reply: int = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self.storage = storage
@@ -79,8 +77,6 @@ class Engine:
             self,
             metrics=metrics,
             hold=hold,
-            open_signals=open_signals,
-            open_fanout=open_fanout,
         )
         self.signals = self.forwarded = 0
         self._methods: dict[str, Handler] = {
