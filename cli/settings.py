@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields
 from typing import Any, NamedTuple, NoReturn, get_args
 
-from tidal.server.config import Config, env, flag
+from tidal.server.config import Config, duration, env, flag
 
 
 class Setting(NamedTuple):
@@ -101,6 +101,13 @@ def port(value: str) -> int:
     return port
 
 
+def _duration(value: str) -> float:
+    try:
+        return duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
     """Every server setting as a flag, from its one declaration in ``Config``."""
     for f in fields(Config):
@@ -117,7 +124,7 @@ def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
         else:
             assert f.default is not MISSING
             default = None if f.default is None else str(f.default)
-            convert = port if kind == "port" else _base_type(f.type)
+            convert = {"port": port, "duration": _duration}.get(kind) or _base_type(f.type)
             settings.add(
                 parser,
                 flag(f.name),

@@ -20,7 +20,7 @@ from .errors import (
     Unavailable,
 )
 from .sync import SyncClient
-from .types import Counts, Membership, Signal, SignalAck, Tally
+from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Tally, Withdrawn
 
 __all__ = [
     "CallTimeout",
@@ -29,10 +29,12 @@ __all__ = [
     "ConnectFailed",
     "ConnectionLost",
     "Counts",
+    "Event",
     "InternalError",
     "InvalidArgument",
     "InvalidParams",
     "InvalidRequest",
+    "LeftUsers",
     "Membership",
     "MethodNotFound",
     "ParseError",
@@ -46,4 +48,5 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "Withdrawn",
 ]

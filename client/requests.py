@@ -54,6 +54,21 @@ def of_user(method: str, user_id: int) -> Call:
     return Call(method, [checked_user_id(user_id)])
 
 
+def leave(user_id: int, purge: bool) -> Call:
+    params: list[Any] = [checked_user_id(user_id)]
+    if purge:
+        params.append({"purge": True})
+    return Call("leave", params)
+
+
+def history(user_id: int, limit: int, after_ns: int) -> Call:
+    return read("history", checked_user_id(user_id), limit, after_ns)
+
+
+def left_users(after: int | None, limit: int) -> Call:
+    return read("left_users", None if after is None else checked_user_id(after), limit)
+
+
 def status(user_id: int) -> Call:
     return read("status", checked_user_id(user_id))
 

@@ -37,7 +37,16 @@ from .errors import (
     unsendable,
 )
 from .requests import Call
-from .types import Counts, Membership, Scalar, Signal, SignalAck
+from .types import (
+    Counts,
+    Event,
+    LeftUsers,
+    Membership,
+    Scalar,
+    Signal,
+    SignalAck,
+    Withdrawn,
+)
 
 log = logging.getLogger("tidal.client")
 
@@ -246,11 +255,32 @@ class SyncClient:
         call = requests.signal_batch(signals, self._auto_keys)
         return [SignalAck.from_wire(a) for a in self._send(call)]
 
-    def leave(self, user_id: int) -> Membership:
-        return Membership.from_wire(self._send(requests.of_user("leave", user_id)))
+    def leave(self, user_id: int, *, purge: bool = False) -> Membership:
+        """With ``purge``, the user's past leaves the cohorts and communities in the same
+        step: no read sees them Left with it still counted (``purge`` says how much went)."""
+        return Membership.from_wire(self._send(requests.leave(user_id, purge)))
 
     def rejoin(self, user_id: int) -> Membership:
         return Membership.from_wire(self._send(requests.of_user("rejoin", user_id)))
+
+    def purge(self, user_id: int) -> Withdrawn:
+        """Withdraw the user's signals so far from every cohort and community (the ledger
+        keeps counting them); their status does not change."""
+        return Withdrawn.from_wire(self._send(requests.of_user("purge", user_id)))
+
+    def erase(self, user_id: int) -> Withdrawn:
+        """Delete the user's ledger rows and all they added, forget their idempotency
+        keys, and leave them Left, so that a stale client's later signals are gated."""
+        return Withdrawn.from_wire(self._send(requests.of_user("erase", user_id)))
+
+    def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
+        """The user's leaves, rejoins, purges and erasures after ``after_ns``, oldest first."""
+        lines = self._send(requests.history(user_id, limit, after_ns))
+        return [Event.from_wire(line) for line in lines]
+
+    def left_users(self, after: int | None = None, limit: int = 1000) -> LeftUsers:
+        """One page of Left users in user_id order, past ``after``."""
+        return LeftUsers.from_wire(self._send(requests.left_users(after, limit)))
 
     def status(self, user_id: int) -> Membership:
         return Membership.from_wire(self._send(requests.status(user_id)))

@@ -24,6 +24,7 @@ class Membership:
     user_id: int
     status: Literal["active", "left"]
     left_at_ns: int | None
+    purged: int | None = None  # a leave with purge: how many signals it withdrew
 
     @property
     def left(self) -> bool:
@@ -31,7 +32,47 @@ class Membership:
 
     @classmethod
     def from_wire(cls, value: dict[str, Any]) -> Membership:
-        return cls(value["user_id"], value["status"], value["left_at_ns"])
+        return cls(value["user_id"], value["status"], value["left_at_ns"], value.get("purged"))
+
+
+@dataclass(frozen=True, slots=True)
+class Withdrawn:
+    """What a ``purge`` or an ``erase`` took away: ``signals`` of the user's, at ``at_ns``."""
+
+    user_id: int
+    signals: int
+    at_ns: int
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> Withdrawn:
+        signals = value["purged"] if "purged" in value else value["erased"]
+        return cls(value["user_id"], signals, value["at_ns"])
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A line of a user's history: ``signals`` is how many a purge or an erase reached."""
+
+    event: Literal["leave", "rejoin", "purge", "erase"]
+    at_ns: int
+    signals: int | None
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> Event:
+        return cls(value["event"], value["at_ns"], value["signals"])
+
+
+@dataclass(frozen=True, slots=True)
+class LeftUsers:
+    """A page of Left users (user_id, left_at_ns); ``next`` is the ``after`` of the next
+    page, None after the last."""
+
+    users: list[tuple[int, int]]
+    next: int | None
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> LeftUsers:
+        return cls([(u, at) for u, at in value["users"]], value["next"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,11 @@ MAX_PREDICATE_BYTES: Final = 64 * 1024
 #: an aggregate (name, kind and tally) takes at most this in a ``counts`` reply, so a page
 #: of ``limit`` of them fits a message of ``limit`` x this
 SLOT_REPLY_BYTES: Final = 256
+#: ``history`` and ``left_users`` pages: at most this many lines, and no more than fit
+MAX_HISTORY: Final = 1_000
+HISTORY_LINE_BYTES: Final = 64  # {"event", "at_ns", "signals"}
+MAX_LEFT_USERS: Final = 10_000
+LEFT_USER_BYTES: Final = 24  # [user_id, left_at_ns]
 
 MAX_BATCH: Final = 10_000
 MAX_COHORTS: Final = 1_000  # every forwarded signal is matched against each one

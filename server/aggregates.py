@@ -16,16 +16,16 @@ for those, like any read that can see a write).
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
-
-from tidal.protocol.limits import WEIGHT_MAX
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from . import ledger
 from .ledger import COHORT, LEDGER, Slot
+
+if TYPE_CHECKING:
+    from .past import Pending
 
 #: entity -> slot -> [count, weight]
 Deltas: TypeAlias = dict[str, dict[Slot, list[Any]]]
@@ -94,6 +94,27 @@ class Aggregates:
         self.tallies += merge(self.live, deltas)
         self._signals += signals
 
+    def withdraw(self, deltas: Deltas) -> None:
+        """A purge or erase committed: take off what it withdrew from rows above the
+        watermark (their tallies are here: the batch's own deltas came in first). A
+        tally that reaches no signal is removed, as a recompute would have none."""
+        live = self.live
+        for entity, slots in deltas.items():
+            mine = live.setdefault(entity, {})
+            for slot, (count, weight) in slots.items():
+                tally = mine.get(slot)
+                if tally is None:  # cannot be (its rows were counted here): kept honest
+                    mine[slot] = [count, weight]
+                    self.tallies += 1
+                    continue
+                tally[0] += count
+                tally[1] += weight
+                if not tally[0]:
+                    del mine[slot]
+                    self.tallies -= 1
+            if not mine:
+                del live[entity]
+
     def due(self) -> bool:
         if not self.live or self.flushing is not None:
             return False
@@ -124,6 +145,7 @@ class Aggregates:
         entity: str,
         cohort_names: dict[int, str],
         uncommitted: Iterable[Deltas],
+        pending: list[Pending],
         after: Slot | None,
         limit: int,
     ) -> CountsRead:
@@ -142,6 +164,7 @@ class Aggregates:
             self.flushing_to if self.flushing is not None else None,
             _first(flushing, limit + 1),
             _first(rest, limit + 1),
+            pending,
             after,
             limit,
         )
@@ -154,10 +177,7 @@ class Aggregates:
         live = self.live
         count = 0
         for entity, kind, weight, forwarded, context in rows:
-            if not -WEIGHT_MAX <= weight <= WEIGHT_MAX:
-                # written by a tidal that did not bound weights: counted at the bound, so
-                # that no sum becomes inf - inf = NaN, which no checkpoint could store
-                weight = math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
+            weight = ledger.row_weight(weight)
             mine = live.get(entity)
             if mine is None:
                 mine = live[entity] = {}
@@ -194,6 +214,7 @@ class CountsRead:
     flushing_to: int | None
     flushing: dict[Slot, list[Any]]
     rest: dict[Slot, list[Any]]
+    pending: list[Pending]  # purges and erases read before it, not committed then
     after: Slot | None  # the page starts past this aggregate
     limit: int  # and holds at most this many
     rows: list[tuple[int, int | str, str, int, float]] | None = None
@@ -208,11 +229,15 @@ class CountsRead:
         if self.flushing_to is not None and self.table_watermark < self.flushing_to:
             _add_copy(totals, self.flushing)
         _add_copy(totals, self.rest)
+        for withdrawal in self.pending:
+            withdrawal.apply(self.entity, totals)
         ordered = sorted(totals.items())
         more = None
         if len(ordered) > self.limit:
             ordered = ordered[: self.limit]
             more = list(ordered[-1][0])
+        # an aggregate a purge emptied is gone, as from a recompute (the page may be short)
+        ordered = [item for item in ordered if item[1][0]]
         ledger: dict[str, Any] = {}
         cohorts: dict[str, dict[str, Any]] = {}
         communities: dict[str, dict[str, Any]] = {}

@@ -154,6 +154,7 @@ class Server:
             max_keys=config.idempotency_max_keys,
             hold=self.state.hold,
             max_reply=config.max_message_size,
+            ledger_retention=config.ledger_retention,
         )
         log.info(
             "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d,"

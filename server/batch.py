@@ -9,11 +9,14 @@ put memory back as it was, so memory never claims what the disk does not hold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .aggregates import CountsRead, Deltas
 from .cohorts import Cohort
 from .ledger import Row
+
+if TYPE_CHECKING:
+    from .past import Event, HistoryRead, LeftRead, Withdrawal
 
 
 class Undo(Protocol):
@@ -25,9 +28,11 @@ class Undo(Protocol):
 
 class Later:
     """A reply worked out only once its batch is done (a read of the table, a health check).
-    ``survives_failure``: answered even if the commit failed (it reports, not reveals)."""
+    ``survives_failure``: answered even if the commit failed (it reports, not reveals).
+    ``is_read``: a read, counted among the few a connection may have waiting."""
 
     survives_failure = False
+    is_read = True
 
     def answer(self) -> Any:
         raise NotImplementedError
@@ -52,7 +57,8 @@ class Batch:
     first_seq: int
     ledger: list[Row] = field(default_factory=list)
     deltas: Deltas = field(default_factory=dict)  # this batch's share of the aggregates
-    reads: list[CountsRead] = field(default_factory=list)
+    #: reads of the tables, made by the writer before this batch's writes
+    reads: list[CountsRead | HistoryRead | LeftRead] = field(default_factory=list)
     memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
     cohorts: dict[str, Cohort | None] = field(default_factory=dict)
     next_cohort_id: int | None = None
@@ -60,6 +66,10 @@ class Batch:
     checkpoint_seq: int = 0
     keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
+    past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order
+    history: list[Event] = field(default_factory=list)
+    retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
+    retired: int = 0  # ... how many the writer deleted
     probe: bool = False  # a write that tests the disk, for a health check after a full disk
     replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)
     undo: list[Undo] = field(default_factory=list)
@@ -71,4 +81,10 @@ class Batch:
     rejoins: int = 0
 
     def pending(self) -> bool:
-        return bool(self.writes or self.replies or self.reads or self.checkpoint is not None)
+        return bool(
+            self.writes
+            or self.replies
+            or self.reads
+            or self.checkpoint is not None
+            or self.retire is not None
+        )

@@ -80,7 +80,7 @@ class Committer:
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
         self._closing = True
-        self._wake()
+        self.wake()
         if self._task is not None:
             await self._task
 
@@ -101,7 +101,7 @@ class Committer:
         batch = self.open
         batch.replies.append((conn, msgid, result))
         if self._idle is not None:
-            self._wake()
+            self.wake()
         if batch.signals >= OPEN_SIGNALS or batch.fanout >= OPEN_FANOUT:
             self._hold(True)  # let go of when the writer takes this batch
 
@@ -113,7 +113,7 @@ class Committer:
         inflight = self.inflight
         if self.open.writes or (inflight is not None and inflight.writes):
             self.open.replies.append((conn, msgid, result))
-            self._wake()
+            self.wake()
         else:
             conn.reply(msgid, result)
 
@@ -121,7 +121,7 @@ class Committer:
         """A reply worked out after the writer's next round trip; few may wait per connection."""
         self.open.replies.append((conn, msgid, result))
         conn.reading(True)
-        self._wake()
+        self.wake()
 
     # -- the writer ------------------------------------------------------
 
@@ -157,7 +157,7 @@ class Committer:
             finally:
                 self.inflight = None
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Start the writer if it waits for work (it re-checks the open batch after each commit)."""
         idle, self._idle = self._idle, None
         if idle is not None and not idle.done():
@@ -170,7 +170,8 @@ class Committer:
         touched: dict[Replier, None] = {}
         for conn, msgid, result in batch.replies:
             if isinstance(result, Later):
-                conn.reading(False)
+                if result.is_read:
+                    conn.reading(False)
                 result = result.answer()
             conn.reply(msgid, result)
             touched[conn] = None
@@ -200,7 +201,8 @@ class Committer:
         for failed in (batch, later):
             for conn, msgid, result in failed.replies:
                 if isinstance(result, Later):
-                    conn.reading(False)
+                    if result.is_read:
+                        conn.reading(False)
                     if result.survives_failure:
                         conn.reply(msgid, result.answer())
                         touched[conn] = None

@@ -8,8 +8,9 @@ flags from this declaration, and the README's table is checked against it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 
@@ -20,10 +21,21 @@ Durability = Literal["full", "normal"]
 LEVELS = ("debug", "info", "warning", "error")
 
 
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds, from ``30d``, ``12h``, ``90m``, ``45s`` or a plain number of seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text.lower())
+    if match is None:
+        raise ValueError(f"must be a duration such as 30d, 12h, 90m, 45s or 0, got {text!r}")
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
 def _setting(default: Any, text: str, *, kind: str = "", choices: tuple[str, ...] = ()) -> Any:
     """A field that is also a flag and an environment variable. ``kind``: "port" (0..65535),
     "switch" (a flag without a value; the variable is set to anything but "" or "0"),
-    "secret" (given by the token options, never echoed)."""
+    "secret" (given by the token options, never echoed), "duration" (``duration``)."""
     return field(default=default, metadata={"help": text, "kind": kind, "choices": choices})
 
 
@@ -86,6 +98,13 @@ class Config:
         "seconds for which a repeated idempotency key is answered with the first acknowledgement",
     )
     idempotency_max_keys: int = _setting(1_000_000, "idempotency keys kept, newest first")
+    ledger_retention: float = _setting(
+        0.0,
+        "ledger rows older than this (30d, 12h, 90m, 45s) are deleted, a chunk at a time;"
+        " aggregates keep counting them, but purge and erase no longer reach them. 0 keeps"
+        " every row",
+        kind="duration",
+    )
     metrics_port: int | None = _setting(
         None, "serve Prometheus metrics at http://HOST:PORT/metrics", kind="port"
     )
@@ -112,6 +131,7 @@ class Config:
             (self.idempotency_max_keys >= 0, "idempotency_max_keys: 0 or more"),
             (self.checkpoint_signals >= 1, "checkpoint_signals: at least 1"),
             (self.checkpoint_seconds > 0, "checkpoint_seconds: more than 0"),
+            (self.ledger_retention >= 0, "ledger_retention: 0 (keep every row) or more"),
         ]
         for f in fields(self):
             choices = f.metadata["choices"]

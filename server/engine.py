@@ -34,7 +34,9 @@ from .keys import Keys
 from .members import Members
 from .metrics import Metrics
 from .params import SignalArgs
+from .past import ERASE, LEAVE, PURGE, REJOIN, Event, Outcome, Withdrawal
 from .reads import Reads
+from .retention import Retention
 from .storage import Snapshot, Storage, to_db
 
 log = logging.getLogger("tidal.engine")
@@ -57,6 +59,7 @@ class Engine:
         metrics: Metrics | None = None,
         hold: Callable[[bool], None] = lambda on: None,
         max_reply: int = DEFAULT_MAX_MESSAGE_SIZE,
+        ledger_retention: float = 0.0,
     ) -> None:
         self.storage = storage
         self._clock = clock
@@ -79,12 +82,17 @@ class Engine:
             hold=hold,
         )
         self.signals = self.forwarded = 0
+        self.ledger_rows = snapshot.ledger_rows
+        self._last_event_ns = snapshot.last_event_ns
+        self.retention = Retention(ledger_retention, clock, self.committer)
         self._methods: dict[str, Handler] = {
             "ping": self._ping,
             "signal": self._signal,
             "signal_batch": self._signal_batch,
             "leave": self._leave,
             "rejoin": self._rejoin,
+            "purge": self._purge,
+            "erase": self._erase,
             "define_cohort": self._define_cohort,
             "drop_cohort": self._drop_cohort,
         }
@@ -96,13 +104,17 @@ class Engine:
             counts=reads.counts,
             stats=reads.stats,
             health=reads.check_health,
+            history=reads.history,
+            left_users=reads.left_users,
         )
 
     def start(self) -> None:
         self.committer.start()
+        self.retention.start()
 
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
+        self.retention.stop()
         await self.committer.close()
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
@@ -160,7 +172,7 @@ class Engine:
         """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
         user_id, entity, kind, weight, communities, attrs, key = s
         if key is not None:
-            seen = self.keys.seen(key, now_ns)
+            seen = self.keys.seen(key, now_ns, user_id)
             if seen is not None:
                 return {"seq": seen[0], "forwarded": seen[1]}  # a retry: counted once
         seq = self._next_seq
@@ -186,19 +198,67 @@ class Engine:
         return {"seq": seq, "forwarded": forwarded}
 
     def _leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "leave", "user_id", 1, 1)
+        params.arity(args, "leave", "user_id, options={}", 1, 2)
         user_id = params.user_id(args[0])
+        purge = params.leave_options(args[1]) if len(args) > 1 else False
         batch = self.committer.writable()
-        self.committer.ack(conn, msgid, self.members.leave(batch, user_id, self._clock()).wire())
+        membership = self.members.leave(batch, user_id, self._event_ns())
+        assert membership.left_at_ns is not None  # a leave has its time
+        self._event(batch, user_id, LEAVE, membership.left_at_ns)
+        if purge:  # in the same batch: committed together, or refused together
+            withdrawal = self._withdraw(batch, user_id, erase=False)
+            self.committer.ack(conn, msgid, Outcome(withdrawal, membership))
+        else:
+            self.committer.ack(conn, msgid, membership.wire())
 
     def _rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "rejoin", "user_id", 1, 1)
         user_id = params.user_id(args[0])
-        membership = self.members.rejoin(self.committer.writable(), user_id)
+        batch = self.committer.writable()
+        membership = self.members.rejoin(batch, user_id)
         if membership is not None:
+            self._event(batch, user_id, REJOIN, self._event_ns())
             self.committer.ack(conn, msgid, membership.wire())
         else:  # already active: nothing was written
             self.committer.answer(conn, msgid, self.members.status(user_id).wire())
+
+    def _purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "purge", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        withdrawal = self._withdraw(self.committer.writable(), user_id, erase=False)
+        self.committer.ack(conn, msgid, Outcome(withdrawal))
+
+    def _erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """Right to erasure: the rows go, with all they added; the user stays Left, so
+        that a stale client's later signals are gated (kept as the ledger's only)."""
+        params.arity(args, "erase", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        batch = self.committer.writable()
+        withdrawal = self._withdraw(batch, user_id, erase=True)
+        self.keys.erasing(batch, user_id, withdrawal.before_seq)
+        if not self.members.is_left(user_id):
+            self.members.leave(batch, user_id, withdrawal.at_ns)
+        self.committer.ack(conn, msgid, Outcome(withdrawal))
+
+    def _withdraw(self, batch: Batch, user_id: int, *, erase: bool) -> Withdrawal:
+        """A purge or an erase of the user's rows read so far; the writer finds them."""
+        withdrawal = Withdrawal(user_id, self._next_seq, erase, self._event_ns())
+        batch.past.append(withdrawal)
+        batch.writes += 1
+        self._event(batch, user_id, ERASE if erase else PURGE, withdrawal.at_ns, withdrawal)
+        return withdrawal
+
+    def _event_ns(self) -> int:
+        """Now, for a history event: later than every event before, so that a user's
+        history pages by time exactly, even if the wall clock steps back."""
+        return max(self._clock(), self._last_event_ns + 1)
+
+    def _event(
+        self, batch: Batch, user_id: int, event: int, at_ns: int, w: Withdrawal | None = None
+    ) -> None:
+        """A line of the user's history, written with the change it records."""
+        self._last_event_ns = max(self._last_event_ns, at_ns)
+        batch.history.append(Event(user_id, at_ns, event, w))
 
     def _define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "define_cohort", "name, predicate", 2, 2)
@@ -241,6 +301,14 @@ class Engine:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=True)
         self.aggregates.absorb(batch.deltas, batch.signals)
+        self.ledger_rows += batch.signals - batch.retired
+        for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
+            self.aggregates.withdraw(w.live)
+            if w.erase:
+                self.keys.erased(w.user_id, w.before_seq, w.keys)
+                self.ledger_rows -= w.signals
+        if batch.retire is not None:
+            self.retention.done(batch.retired)
         self.signals += batch.signals
         self.forwarded += batch.forwarded
         if self.metrics is not None:
@@ -250,4 +318,6 @@ class Engine:
     def failed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
+        if batch.retire is not None:
+            self.retention.done(None)
         self._next_seq = batch.first_seq

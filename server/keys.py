@@ -21,14 +21,35 @@ class Keys:
         self._keys = loaded
         self._window_ns = window_ns
         self._max_keys = max_keys
+        #: users being erased -> the seq their erase reaches below: their keys are
+        #: forgotten from when the erase is read, though found only once it commits
+        self._erasing: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def seen(self, key: str, now_ns: int) -> Ack | None:
-        """The first use of ``key``, if it is within the window."""
+    def seen(self, key: str, now_ns: int, user_id: int) -> Ack | None:
+        """The first use of ``key``, if it is within the window and not erased."""
         ack = self._keys.get(key)
-        return ack if ack is not None and ack[2] >= now_ns - self._window_ns else None
+        if ack is None or ack[2] < now_ns - self._window_ns:
+            return None
+        if self._erasing and ack[0] < self._erasing.get(user_id, -1):
+            return None  # a retry of an erased signal: its key is forgotten
+        return ack
+
+    def erasing(self, batch: Batch, user_id: int, before_seq: int) -> None:
+        batch.undo.append(_Erasing(self._erasing, user_id, self._erasing.get(user_id)))
+        self._erasing[user_id] = before_seq
+
+    def erased(self, user_id: int, before_seq: int, keys: list[tuple[str, int]]) -> None:
+        """An erase committed: ``keys`` (with the seq each acknowledged) are gone from the
+        table; they go from memory too, unless a later signal has taken one since."""
+        for key, seq in keys:
+            ack = self._keys.get(key)
+            if ack is not None and ack[0] == seq:
+                del self._keys[key]
+        if self._erasing.get(user_id) == before_seq:
+            del self._erasing[user_id]
 
     def remember(self, batch: Batch, key: str, ack: Ack) -> None:
         keys = self._keys
@@ -61,3 +82,15 @@ class _Put(NamedTuple):
         self.keys.pop(self.key, None)
         if self.prior is not None:
             self.keys[self.key] = self.prior
+
+
+class _Erasing(NamedTuple):
+    erasing: dict[int, int]
+    user_id: int
+    prior: int | None
+
+    def undo(self) -> None:
+        if self.prior is None:
+            self.erasing.pop(self.user_id, None)
+        else:
+            self.erasing[self.user_id] = self.prior

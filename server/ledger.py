@@ -3,16 +3,19 @@
 Every signal becomes one row. Its context records what the signal named
 (communities, attrs) and which cohorts it reached, so the ledger alone can
 rebuild every aggregate: at boot past the last checkpoint, and for whatever
-later reads the past. Counting a signal live and counting its row again must
-agree, so both go through ``count`` here.
+later reads the past. Counting a signal live, counting its row again, and
+withdrawing it (purge, erase) must agree, so all three go through here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeAlias
 
 import msgpack
+
+from tidal.protocol.limits import WEIGHT_MAX
 
 from .params import Scalar
 
@@ -41,6 +44,15 @@ def decode(blob: bytes | None) -> tuple[list[str], dict[str, Scalar], list[int]]
     return communities, attrs, cohorts
 
 
+def row_weight(weight: float) -> float:
+    """What a stored row counts for. Rows written by a tidal that did not bound weights
+    count at the bound, so that no sum becomes inf - inf = NaN, which no checkpoint
+    could store; replay and withdrawal must read a row alike."""
+    if -WEIGHT_MAX <= weight <= WEIGHT_MAX:
+        return weight
+    return math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
+
+
 def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
     """One signal more in ``slot``."""
     tally = tallies.get(slot)
@@ -65,3 +77,26 @@ def count(
         bump(tallies, (COHORT, cid, kind), weight)
     for name in communities:
         bump(tallies, (COMMUNITY, name, kind), weight)
+
+
+def withdraw(
+    tallies: dict[Slot, list[Any]],
+    kind: str,
+    weight: float,
+    cohorts: Sequence[int],
+    communities: Sequence[str],
+    *,
+    ledger_too: bool,
+) -> None:
+    """``count`` undone, as negative tallies: a forwarded row's cohorts and communities
+    (purge), and with ``ledger_too`` its ledger layer as well (erase)."""
+    slots: list[Slot] = [(LEDGER, "", kind)] if ledger_too else []
+    slots += [(COHORT, cid, kind) for cid in cohorts]
+    slots += [(COMMUNITY, name, kind) for name in communities]
+    for slot in slots:
+        tally = tallies.get(slot)
+        if tally is None:
+            tallies[slot] = [-1, -weight]
+        else:
+            tally[0] -= 1
+            tally[1] -= weight

@@ -273,6 +273,38 @@ def predicate(value: object) -> Predicate:
     return out
 
 
+def limit(value: object, where: str, most: int) -> int:
+    if type(value) is not int or not 1 <= value <= most:
+        raise InvalidParams(f"{where}: must be an integer in 1..{most}, got {_describe(value)}")
+    return value
+
+
+def time_ns(value: object, where: str) -> int:
+    if type(value) is not int or not 0 <= value <= 2**63 - 1:
+        raise InvalidParams(
+            f"{where}: must be a time in ns since the epoch, 0..2**63-1, got {_describe(value)}"
+        )
+    return value
+
+
+def leave_options(value: object) -> bool:
+    """``leave``'s options: ``{"purge": true}`` purges the user's past with the leave."""
+    where = "options"
+    if value is None:
+        return False
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map, got {_describe(value)}")
+    purge = False
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key != "purge":
+            raise InvalidParams(f"{where}: unknown key {key!r}; the only key is 'purge'")
+        if type(item) is not bool:
+            raise InvalidParams(f"{where}.purge: must be true or false, got {_describe(item)}")
+        purge = item
+    return purge
+
+
 #: where a page of ``counts`` starts: after this aggregate (layer, key, kind)
 Cursor: TypeAlias = tuple[int, int | str, str]
 

@@ -10,12 +10,22 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidal.protocol.limits import ENTITY_MAX_BYTES, MAX_COHORTS, NAME_MAX_BYTES, SLOT_REPLY_BYTES
+from tidal.protocol.limits import (
+    ENTITY_MAX_BYTES,
+    HISTORY_LINE_BYTES,
+    LEFT_USER_BYTES,
+    MAX_COHORTS,
+    MAX_HISTORY,
+    MAX_LEFT_USERS,
+    NAME_MAX_BYTES,
+    SLOT_REPLY_BYTES,
+)
 
 from . import params
 from .aggregates import CountsRead
 from .batch import Later, Replier
 from .health import HealthCheck, report
+from .past import HistoryRead, LeftRead, Pending
 from .version import VERSION
 
 if TYPE_CHECKING:
@@ -58,13 +68,55 @@ class Reads:
             return
         committer = self._engine.committer
         uncommitted = [committer.open.deltas]
+        pending = [Pending(w, whole=True) for w in committer.open.past]
         if committer.inflight is not None:
             uncommitted.append(committer.inflight.deltas)
+            pending += [Pending(w, whole=False) for w in committer.inflight.past]
         read = self._engine.aggregates.capture(
-            entity, self._engine.cohorts.names(), uncommitted, after, page.get("limit", most)
+            entity,
+            self._engine.cohorts.names(),
+            uncommitted,
+            pending,
+            after,
+            page.get("limit", most),
         )
         committer.open.reads.append(read)  # the writer reads the table's share
         committer.later(conn, msgid, _Counts(read))
+
+    def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""
+        params.arity(args, "history", "user_id, limit=100, after_ns=0", 1, 3)
+        user_id = params.user_id(args[0])
+        most = min(MAX_HISTORY, self._engine.reply_budget // HISTORY_LINE_BYTES)
+        limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(100, most)
+        after_ns = params.time_ns(args[2], "after_ns") if len(args) > 2 else 0
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        mine = [e for e in committer.open.history if e.user_id == user_id]
+        read = HistoryRead(user_id, after_ns, limit, mine)
+        committer.open.reads.append(read)
+        committer.later(conn, msgid, read)
+
+    def left_users(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """A page of Left users in user_id order: for audits and for reconciling a copy."""
+        params.arity(args, "left_users", "after=nil, limit=1000", 0, 2)
+        after = params.user_id(args[0], "after") if args and args[0] is not None else None
+        most = min(MAX_LEFT_USERS, self._engine.reply_budget // LEFT_USER_BYTES)
+        limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(1000, most)
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        changes = {
+            user_id: change
+            for user_id, change in committer.open.memberships.items()
+            if after is None or user_id > after
+        }
+        read = LeftRead(after, limit, changes)
+        committer.open.reads.append(read)
+        committer.later(conn, msgid, read)
 
     def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "stats", "none", 0, 0)
@@ -77,6 +129,9 @@ class Reads:
             "forwarded": self._engine.forwarded,
             "gated": signals - self._engine.forwarded,
             "users_left": len(self._engine.members),
+            "ledger_rows": self._engine.ledger_rows,
+            "ledger_retired": self._engine.retention.retired,
+            "db_bytes": self._engine.storage.size(),
             "commits": self._engine.storage.commits,
             "storage": self.health()["storage"],
         }

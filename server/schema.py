@@ -61,6 +61,22 @@ MIGRATIONS: Final[list[list[str]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
     ],
+    [
+        # a user's past: found by user, not by scanning the ledger (purge, erase)
+        "CREATE INDEX ledger_by_user ON ledger (user_id)",
+        "CREATE INDEX signal_keys_by_seq ON signal_keys (seq)",  # an erased row's key
+        # leave, rejoin, purge and erase of each user; at_ns increases across all events
+        """CREATE TABLE history (
+            user_id INTEGER NOT NULL,
+            at_ns INTEGER NOT NULL,
+            event INTEGER NOT NULL,  -- 1 leave, 2 rejoin, 3 purge, 4 erase
+            signals INTEGER  -- purged or erased; NULL for leave and rejoin
+        )""",
+        "CREATE INDEX history_by_user ON history (user_id, at_ns)",
+        # the past before history was kept: each user's last leave
+        """INSERT INTO history (user_id, at_ns, event)
+            SELECT user_id, left_at_ns, 1 FROM memberships ORDER BY left_at_ns""",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import sqlite3
 import time
 from collections import OrderedDict
@@ -24,7 +25,8 @@ from typing import Any, Final, NamedTuple, TypeVar, cast
 import aiosqlite
 import msgpack
 
-from . import schema
+from . import past, schema
+from .aggregates import CountsRead, Deltas
 from .batch import Batch
 from .config import Durability
 from .errors import StorageFailure
@@ -67,6 +69,27 @@ _SELECT_COUNTS: Final = """
 _SELECT_COUNTS_AFTER: Final = """
     SELECT layer, key, kind, count, weight FROM aggregates
     WHERE entity = ? AND (layer, key, kind) > (?, ?, ?) ORDER BY layer, key, kind LIMIT ?"""
+_HISTORY: Final = _Bulk("INSERT INTO history (user_id, at_ns, event, signals) VALUES ", 4)
+_SELECT_HISTORY: Final = """
+    SELECT at_ns, event, signals FROM history
+    WHERE user_id = ? AND at_ns > ? ORDER BY at_ns LIMIT ?"""
+# Left users in unsigned order: ids below 2**63 (stored as they are), then those above
+# (stored negative)
+_SELECT_LEFT: Final = """
+    SELECT user_id, left_at_ns FROM memberships
+    WHERE left = 1 AND user_id BETWEEN ? AND ? ORDER BY user_id LIMIT ?"""
+_PURGE: Final = """
+    UPDATE ledger SET forwarded = 0 WHERE user_id = ? AND seq < ? AND forwarded = 1
+    RETURNING seq, entity, kind, weight, 1, context"""
+_ERASE: Final = """
+    DELETE FROM ledger WHERE user_id = ? AND seq < ?
+    RETURNING seq, entity, kind, weight, forwarded, context"""
+_ERASE_KEYS: Final = """
+    DELETE FROM signal_keys WHERE seq IN (SELECT seq FROM ledger WHERE user_id = ? AND seq < ?)
+    RETURNING key, seq"""
+_RETIRE: Final = """
+    DELETE FROM ledger WHERE seq IN (
+        SELECT seq FROM ledger WHERE seq <= ? AND ts_ns < ? ORDER BY seq LIMIT ?)"""
 _LOAD_CHUNK: Final = 500_000
 _SELECT_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id >= 0"
@@ -104,6 +127,8 @@ class Snapshot:
     ledger_tail: list[tuple[str, str, float, int, bytes | None]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
     keys: OrderedDict[str, tuple[int, bool, int]]
+    ledger_rows: int
+    last_event_ns: int  # the latest event in any user's history
 
 
 class _Connection(aiosqlite.Connection):
@@ -125,8 +150,9 @@ class _Connection(aiosqlite.Connection):
 
 
 class Storage:
-    def __init__(self, db: _Connection) -> None:
+    def __init__(self, db: _Connection, location: str) -> None:
         self._db = db
+        self.location = location
         self.commits = 0
 
     @classmethod
@@ -157,7 +183,7 @@ class Storage:
         except BaseException:
             await db.close()
             raise
-        return cls(db)
+        return cls(db, location)
 
     async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
         return await self._db.run(lambda db: _load(db, keys_since_ns, max_keys))
@@ -177,6 +203,14 @@ class Storage:
             ) from exc
         if wrote:
             self.commits += 1
+
+    def size(self) -> int:
+        """Bytes on disk: the database file and its write-ahead log."""
+        total = 0
+        for path in (self.location, self.location + "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.stat(path).st_size
+        return total
 
     async def close(self) -> None:
         await self._db.close()
@@ -214,6 +248,8 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
         (keys_since_ns, max_keys),
     ).fetchall()
     keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
+    ((rows,),) = db.execute("SELECT COUNT(*) FROM ledger")
+    last_event = db.execute("SELECT at_ns FROM history ORDER BY rowid DESC LIMIT 1").fetchone()
     return Snapshot(
         left,
         rejoined,
@@ -223,20 +259,22 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
         watermark,
         tail,
         keys,
+        rows,
+        last_event[0] if last_event else 0,
     )
 
 
 def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
     """Runs on the storage thread. True if a transaction was committed."""
     for read in batch.reads:
-        args: tuple[Any, ...]
-        if read.after is None:
-            query, args = _SELECT_COUNTS, (read.entity, read.limit + 1)
+        if isinstance(read, CountsRead):
+            _read_counts(db, read)
+        elif isinstance(read, past.HistoryRead):
+            args = (to_db(read.user_id), read.after_ns, read.limit)
+            read.rows = db.execute(_SELECT_HISTORY, args).fetchall()
         else:
-            query, args = _SELECT_COUNTS_AFTER, (read.entity, *read.after, read.limit + 1)
-        read.rows = db.execute(query, args).fetchall()
-        read.table_watermark = _watermark(db)
-    if not batch.writes and batch.checkpoint is None:
+            read.rows = _left_users(db, read.after, read.wanted())
+    if not batch.writes and batch.checkpoint is None and batch.retire is None:
         return False
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -254,22 +292,76 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
         if batch.forget_keys_before is not None:
             db.execute("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
         if batch.checkpoint is not None:
-            _write_all(
-                db,
-                _AGGREGATES,
-                [
-                    (entity, layer, key, kind, count, weight)
-                    for entity, slots in batch.checkpoint.items()
-                    for (layer, key, kind), (count, weight) in slots.items()
-                ],
-            )
+            _write_all(db, _AGGREGATES, _rows_of(batch.checkpoint))
             db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
+        if batch.past or batch.retire is not None:
+            # after the checkpoint: what it wrote is the table these rows are withdrawn from
+            watermark = _watermark(db)
+            for withdrawal in batch.past:
+                _withdraw(db, withdrawal, watermark)
+            if batch.retire is not None:
+                before_ns, most = batch.retire
+                batch.retired = db.execute(_RETIRE, (watermark, before_ns, most)).rowcount
+        _write_all(
+            db,
+            _HISTORY,
+            [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history],
+        )
         db.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
             db.execute("ROLLBACK")
         raise
     return True
+
+
+def _read_counts(db: sqlite3.Connection, read: CountsRead) -> None:
+    args: tuple[Any, ...]
+    if read.after is None:
+        query, args = _SELECT_COUNTS, (read.entity, read.limit + 1)
+    else:
+        query, args = _SELECT_COUNTS_AFTER, (read.entity, *read.after, read.limit + 1)
+    read.rows = db.execute(query, args).fetchall()
+    read.table_watermark = _watermark(db)
+
+
+def _left_users(db: sqlite3.Connection, after: int | None, n: int) -> list[tuple[int, int]]:
+    """The first ``n`` Left users past ``after``, in unsigned user_id order."""
+    start = 0 if after is None else after + 1
+    if start <= _I64_MAX:
+        ranges = [(start, _I64_MAX), (-_I64_MAX - 1, -1)]
+    else:  # only ids of 2**63 and above are left (past the last id: an empty range)
+        ranges = [(to_db(start), -1)]
+    rows: list[tuple[int, int]] = []
+    for low, high in ranges:
+        for uid, at in db.execute(_SELECT_LEFT, (low, high, n - len(rows))):
+            rows.append((from_db(uid), at))
+        if len(rows) >= n:
+            break
+    return rows
+
+
+def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int) -> None:
+    """A purge or an erase: change the user's rows, and take what they added off the
+    table now (rows up to ``watermark``) and off memory once committed (the rest)."""
+    args = (to_db(w.user_id), w.before_seq)
+    if w.erase:
+        w.keys = db.execute(_ERASE_KEYS, args).fetchall()
+    w.take(db.execute(_ERASE if w.erase else _PURGE, args).fetchall(), watermark)
+    if w.table:
+        _write_all(db, _AGGREGATES, _rows_of(w.table))
+        db.executemany(
+            "DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table]
+        )
+
+
+def _rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:
+    return [
+        (entity, layer, key, kind, count, weight)
+        for entity, slots in deltas.items()
+        for (layer, key, kind), (count, weight) in slots.items()
+        if count
+    ]
 
 
 def _write_all(db: sqlite3.Connection, bulk: _Bulk, rows: Sequence[tuple[Any, ...]]) -> None:

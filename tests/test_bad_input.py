@@ -73,12 +73,12 @@ async def test_signal_params_are_checked_one_by_one(
     await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, "signal", *params)
 
 
-@pytest.mark.parametrize("method", ["leave", "rejoin", "status"])
+@pytest.mark.parametrize("method", ["leave", "rejoin", "status", "purge", "erase", "history"])
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ([], "takes 1 params (user_id), got 0"),
-        ([1, 2], "got 2"),
+        ([], "params (user_id"),
+        ([1, 2, 3, 4], "got 4"),
         ([-1], "user_id"),
         ([float(2**64)], "user_id"),
         (["7"], "user_id"),
@@ -87,6 +87,30 @@ async def test_signal_params_are_checked_one_by_one(
     ],
 )
 async def test_user_id_params_are_checked(
+    peer: RawPeer, method: str, params: list[Any], fragment: str
+) -> None:
+    await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, method, *params)
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "fragment"),
+    [
+        ("rejoin", [1, 2], "rejoin takes 1 params (user_id), got 2"),
+        ("purge", [1, 2], "purge takes 1 params (user_id), got 2"),
+        ("erase", [1, 2], "erase takes 1 params (user_id), got 2"),
+        ("leave", [1, 2], "options: must be a map, got int 2"),
+        ("leave", [1, {"purge": 1}], "options.purge: must be true or false, got int 1"),
+        ("leave", [1, {"purge": True, "x": 1}], "options: unknown key 'x'"),
+        ("history", [1, 0], "limit: must be an integer in 1..1000, got int 0"),
+        ("history", [1, 1001], "limit: must be an integer in 1..1000"),
+        ("history", [1, 10, -1], "after_ns: must be a time in ns"),
+        ("history", [1, 10, "0"], "after_ns: must be a time in ns since the epoch"),
+        ("left_users", [-1], "after: must be an integer in 0..2**64-1, got int -1"),
+        ("left_users", [None, 0], "limit: must be an integer in 1..10000"),
+        ("left_users", [None, 10, 3], "left_users takes 0 to 2 params"),
+    ],
+)
+async def test_the_past_s_params_are_checked(
     peer: RawPeer, method: str, params: list[Any], fragment: str
 ) -> None:
     await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, method, *params)
