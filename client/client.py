@@ -30,6 +30,7 @@ from .errors import (
     CallTimeout,
     ConnectFailed,
     ConnectionLost,
+    Unavailable,
     closed_by_server,
     from_wire,
     unsendable,
@@ -256,17 +257,26 @@ class Client:
         return await _request(protocol, method, list(params), limit)
 
     async def _send(self, call: Call) -> Any:
-        """Send a built call; a repeatable one survives dropped connections (a few: a
-        reconnect can land on a server that is still going down, and be reset)."""
-        for attempt in range(RETRIES):
+        """Send a built call. A repeatable one survives dropped connections (a few: a
+        reconnect can land on a server that is still going down, and be reset); any call
+        is asked again while the server says it is starting (it applied nothing)."""
+        lost = waited = 0
+        delay = RECONNECT_FIRST_DELAY
+        while True:
             try:
                 return await self.call(call.method, *call.params)
             except ConnectFailed:
                 raise  # reconnecting already tried, with backoff
             except ConnectionLost:
-                if not call.repeatable or self._closed or attempt == RETRIES - 1:
+                lost += 1
+                if not call.repeatable or self._closed or lost == RETRIES:
                     raise
-        raise AssertionError("unreachable")
+            except Unavailable as exc:
+                if not exc.starting or waited == self._reconnect_attempts:
+                    raise
+                waited += 1
+                await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
+                delay *= 2
 
     # -- one method per RPC ----------------------------------------------
 

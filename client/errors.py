@@ -3,7 +3,7 @@ every failure of a call; one class per wire error code for the server's answers.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from tidal.protocol import ErrorCode, LocalProtocolError
 
@@ -79,9 +79,18 @@ class Unauthorized(ServerError):
 
 
 class Unavailable(ServerError):
-    """Storage failed on the server: the write was not saved."""
+    """Storage failed on the server: the write was not saved. Or the server is still
+    loading its database (``starting``): nothing was applied, and the clients ask again."""
 
     code = ErrorCode.UNAVAILABLE
+
+    @property
+    def starting(self) -> bool:
+        return self.message.startswith(STARTING)
+
+
+#: how a server still loading its database begins its error 2 (docs/PROTOCOL.md)
+STARTING: Final = "starting:"
 
 
 class TooLarge(ServerError):

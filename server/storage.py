@@ -250,11 +250,12 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
     keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
     ((rows,),) = db.execute("SELECT COUNT(*) FROM ledger")
     last_event = db.execute("SELECT at_ns FROM history ORDER BY rowid DESC LIMIT 1").fetchone()
+    next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
     return Snapshot(
         left,
         rejoined,
         cohorts,
-        int(max_seq) + 1,
+        next_seq,
         int(meta.get("next_cohort_id", 1)),
         watermark,
         tail,
@@ -297,6 +298,9 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
         if batch.past or batch.retire is not None:
             # after the checkpoint: what it wrote is the table these rows are withdrawn from
             watermark = _watermark(db)
+            # rows are about to go, maybe the newest: a seq once acknowledged is never
+            # given again, so the next boot must not take its next seq from what is left
+            db.execute(_SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
             for withdrawal in batch.past:
                 _withdraw(db, withdrawal, watermark)
             if batch.retire is not None:

@@ -6,7 +6,9 @@ import asyncio
 import socket
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from signal import SIGKILL, SIGTERM
 from typing import Any
 
 import msgpack
@@ -17,9 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tidal.client import Client, Counts, Membership
 from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError
-from tidal.server import Config, Server
 
-from .conftest import BlockingServer
+from .conftest import BlockingServer, ServerProcess
 
 USERS = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1])
 ENTITIES = st.sampled_from(["a", "b"])
@@ -45,48 +46,96 @@ def rule_of(predicate: dict[str, Any]) -> dict[str, frozenset[tuple[bool, Any]]]
     }
 
 
+@dataclass
+class Row:
+    seq: int
+    user: int
+    entity: str
+    kind: str
+    weight: float
+    forwarded: bool
+    communities: list[str]
+    cohorts: list[int]  # the cohort definitions it reached
+
+
 class Model:
-    """What tidal should answer, in a few lines of plain Python."""
+    """What tidal should answer, in a few lines of plain Python: a ledger, and aggregates
+    recomputed from it as it stands."""
 
     def __init__(self) -> None:
         self.members: dict[int, tuple[str, int | None]] = {}
-        self.cohorts: dict[str, dict[str, Any]] = {}  # name -> predicate
-        self.counts: dict[
-            tuple[str, str, str, str], list[float]
-        ] = {}  # (entity, layer, name, kind)
+        self.cohorts: dict[str, tuple[dict[str, Any], int]] = {}  # name -> predicate, id
+        self.definitions = 0
+        self.rows: list[Row] = []
+        self.keys: dict[str, tuple[int, bool]] = {}  # idempotency key -> first ack
+        self.next_seq = 1
+        self.history: dict[int, list[tuple[str, int | None]]] = {}
 
-    def bump(self, key: tuple[str, str, str, str], weight: float) -> None:
-        tally = self.counts.setdefault(key, [0, 0.0])
-        tally[0] += 1
-        tally[1] += weight
+    def left(self, user: int) -> bool:
+        return self.members.get(user, ("active", None))[0] == "left"
 
     def signal(self, user: int, entity: str, kind: str, weight: float, communities: list[str],
-               attrs: dict[str, Any]) -> bool:  # fmt: skip
-        self.bump((entity, "ledger", "", kind), weight)
-        if self.members.get(user, ("active", None))[0] == "left":
-            return False
-        for name, predicate in self.cohorts.items():
-            if all(a in attrs and family(attrs[a]) in ok for a, ok in rule_of(predicate).items()):
-                self.bump((entity, "cohorts", name, kind), weight)
-        for community in dict.fromkeys(communities):
-            self.bump((entity, "communities", community, kind), weight)
-        return True
+               attrs: dict[str, Any], key: str | None) -> tuple[int, bool]:  # fmt: skip
+        if key is not None and key in self.keys:
+            return self.keys[key]  # a retry: counted once
+        forwarded = not self.left(user)
+        reached = [
+            cid
+            for predicate, cid in self.cohorts.values()
+            if forwarded
+            and all(a in attrs and family(attrs[a]) in ok for a, ok in rule_of(predicate).items())
+        ]
+        names = list(dict.fromkeys(communities)) if forwarded else []
+        self.rows.append(Row(self.next_seq, user, entity, kind, weight, forwarded, names, reached))
+        ack = (self.next_seq, forwarded)
+        self.next_seq += 1
+        if key is not None:
+            self.keys[key] = ack
+        return ack
 
     def define(self, name: str, predicate: dict[str, Any]) -> None:
         old = self.cohorts.get(name)
-        if old is None or rule_of(old) != rule_of(predicate):
-            self.drop_counts(name)
-            self.cohorts[name] = predicate
+        if old is None or rule_of(old[0]) != rule_of(predicate):
+            self.definitions += 1
+            self.cohorts[name] = (predicate, self.definitions)
 
-    def drop_counts(self, name: str) -> None:
-        for key in [k for k in self.counts if k[1] == "cohorts" and k[2] == name]:
-            del self.counts[key]
+    def purge(self, user: int) -> int:
+        mine = [r for r in self.rows if r.user == user and r.forwarded]
+        for row in mine:
+            row.forwarded, row.communities, row.cohorts = False, [], []
+        self.history.setdefault(user, []).append(("purge", len(mine)))
+        return len(mine)
+
+    def erase(self, user: int, at_ns: int) -> int:
+        gone = {r.seq for r in self.rows if r.user == user}
+        self.rows = [r for r in self.rows if r.seq not in gone]
+        self.keys = {k: ack for k, ack in self.keys.items() if ack[0] not in gone}
+        if not self.left(user):
+            self.members[user] = ("left", at_ns)
+        self.history.setdefault(user, []).append(("erase", len(gone)))
+        return len(gone)
 
     def counts_of(self, entity: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"ledger": {}, "cohorts": {}, "communities": {}}
-        for (e, layer, name, kind), (count, weight) in self.counts.items():
-            if e != entity:
+        """A recompute from the ledger as it stands."""
+        tallies: dict[tuple[str, str, str], list[float]] = {}
+
+        def bump(key: tuple[str, str, str], weight: float) -> None:
+            tally = tallies.setdefault(key, [0, 0.0])
+            tally[0] += 1
+            tally[1] += weight
+
+        names = {cid: name for name, (_, cid) in self.cohorts.items()}
+        for row in self.rows:
+            if row.entity != entity:
                 continue
+            bump(("ledger", "", row.kind), row.weight)
+            for cid in row.cohorts:
+                if cid in names:
+                    bump(("cohorts", names[cid], row.kind), row.weight)
+            for community in row.communities:
+                bump(("communities", community, row.kind), row.weight)
+        out: dict[str, Any] = {"ledger": {}, "cohorts": {}, "communities": {}}
+        for (layer, name, kind), (count, weight) in tallies.items():
             tally = {"count": count, "weight": weight}
             if layer == "ledger":
                 out["ledger"][kind] = tally
@@ -107,38 +156,41 @@ def wire(counts: Counts) -> dict[str, Any]:
 
 
 class TidalMachine(RuleBasedStateMachine):
-    """Rules are requests to a real server on a real file; restart is one of them."""
+    """Rules are requests to a real ``tidal serve`` on a real file; SIGTERM and kill -9
+    restarts are rules too. Integer weights: the sums are exact, so they compare equal."""
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.tmp = tempfile.TemporaryDirectory(prefix="tidal-model-")
-        self.db = str(Path(self.tmp.name) / "model.db")
+        # checkpoint every few signals, so restarts cross checkpoints and replays
+        self.server = ServerProcess(Path(self.tmp.name) / "model.db", "--checkpoint-signals", "3")
         self.model = Model()
-        self.server: Server | None = None
         self.client: Client | None = None
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
     async def _start(self) -> None:
-        # checkpoint every few signals, so restarts cross checkpoints and replays
-        self.server = Server(Config(port=0, db=self.db, checkpoint_signals=3))
         await self.server.start()
-        self.client = await Client.connect(*self.server.address)
+        self.client = await self.server.connect()
 
-    async def _stop(self) -> None:
-        assert self.client is not None and self.server is not None
+    async def _stop(self, signum: int) -> None:
+        assert self.client is not None
         await self.client.close()
-        await self.server.shutdown()
+        self.client = None
+        if signum == SIGKILL:
+            await self.server.kill9()
+        else:
+            assert await self.server.stop(signum) == 0
 
     @initialize()
     def boot(self) -> None:
         self.run(self._start())
 
     def teardown(self) -> None:
-        if self.server is not None:
-            self.run(self._stop())
+        if self.client is not None:
+            self.run(self._stop(SIGKILL))
         self.loop.close()
         self.tmp.cleanup()
 
@@ -154,31 +206,48 @@ class TidalMachine(RuleBasedStateMachine):
         weight=st.integers(0, 5),
         communities=st.lists(st.sampled_from(["x", "y"]), max_size=3),
         attrs=ATTRS,
+        key=st.none() | st.sampled_from(["k1", "k2", "k3"]),
     )
     def signal(self, user: int, entity: str, kind: str, weight: int, communities: list[str],
-               attrs: dict[str, Any]) -> None:  # fmt: skip
-        ack = self.run(
-            self.c.signal(user, entity, kind, float(weight), communities=communities, attrs=attrs)
-        )
-        assert ack.forwarded == self.model.signal(
-            user, entity, kind, float(weight), communities, attrs
+               attrs: dict[str, Any], key: str | None) -> None:  # fmt: skip
+        w = float(weight)
+        ack = self.run(self.c.signal(user, entity, kind, w, communities=communities, attrs=attrs,
+                                     key=key))  # fmt: skip
+        assert (ack.seq, ack.forwarded) == self.model.signal(
+            user, entity, kind, w, communities, attrs, key
         )
 
-    @rule(user=USERS)
-    def leave(self, user: int) -> None:
-        got: Membership = self.run(self.c.leave(user))
+    @rule(user=USERS, purge=st.booleans())
+    def leave(self, user: int, purge: bool) -> None:
+        got: Membership = self.run(self.c.leave(user, purge=purge))
         before = self.model.members.get(user, ("active", None))[1]
         assert got.status == "left" and got.left_at_ns is not None
         assert before is None or got.left_at_ns > before
         self.model.members[user] = ("left", got.left_at_ns)
+        self.model.history.setdefault(user, []).append(("leave", None))
+        if purge:
+            assert got.purged == self.model.purge(user)
+        else:
+            assert got.purged is None
 
     @rule(user=USERS)
     def rejoin(self, user: int) -> None:
         got: Membership = self.run(self.c.rejoin(user))
+        was_left = self.model.left(user)
         at = self.model.members.get(user, ("active", None))[1]
         assert (got.status, got.left_at_ns) == ("active", at)
-        if at is not None:
+        if was_left:
             self.model.members[user] = ("active", at)
+            self.model.history.setdefault(user, []).append(("rejoin", None))
+
+    @rule(user=USERS)
+    def purge(self, user: int) -> None:
+        assert self.run(self.c.purge(user)).signals == self.model.purge(user)
+
+    @rule(user=USERS)
+    def erase(self, user: int) -> None:
+        got = self.run(self.c.erase(user))
+        assert got.signals == self.model.erase(user, got.at_ns)
 
     @rule(name=NAMES, predicate=PREDICATES)
     def define_cohort(self, name: str, predicate: dict[str, Any]) -> None:
@@ -190,11 +259,10 @@ class TidalMachine(RuleBasedStateMachine):
         existed = name in self.model.cohorts
         assert self.run(self.c.drop_cohort(name)) is existed
         self.model.cohorts.pop(name, None)
-        self.model.drop_counts(name)
 
-    @rule()
-    def restart(self) -> None:
-        self.run(self._stop())
+    @rule(signum=st.sampled_from([SIGTERM, SIGKILL]))
+    def restart(self, signum: int) -> None:
+        self.run(self._stop(signum))
         self.run(self._start())
 
     @invariant()
@@ -204,14 +272,21 @@ class TidalMachine(RuleBasedStateMachine):
         for user in (0, 1, 2, 3, 2**63, 2**64 - 1):
             status, at = self.model.members.get(user, ("active", None))
             assert self.run(self.c.status(user)) == Membership(user, status, at)  # type: ignore[arg-type]
-        assert self.run(self.c.cohorts()) == self.model.cohorts
+            history = self.run(self.c.history(user))
+            assert [(e.event, e.signals) for e in history] == self.model.history.get(user, [])
+        assert self.run(self.c.cohorts()) == {n: p for n, (p, _) in self.model.cohorts.items()}
         for entity in ("a", "b"):
             assert wire(self.run(self.c.counts(entity))) == self.model.counts_of(entity)
+        assert self.run(self.c.stats())["ledger_rows"] == len(self.model.rows)
+        left = self.run(self.c.left_users())
+        assert left.users == sorted(
+            (u, at) for u, (s, at) in self.model.members.items() if s == "left" and at
+        )
 
 
 TidalMachine.TestCase.settings = settings(
     max_examples=25,
-    stateful_step_count=25,
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -1,0 +1,289 @@
+"""A leaver's past: purge, erase, history, left_users and ledger retention, over real sockets
+and real files."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidal.client import Client, Counts, Tally, Unavailable
+from tidal.server import Config, Server
+from tidal.server.batch import Batch
+from tidal.server.errors import StorageFailure
+
+from .conftest import ServerProcess
+from .rawrpc import RawPeer
+from .test_durability import wrap_commit
+
+GOLD = {"tier": "gold"}
+
+
+async def seed(c: Client) -> None:
+    """Users 1 and 2 each reach the cohort, community x and (user 2) community y."""
+    await c.define_cohort("gold", GOLD)
+    for _ in range(3):
+        await c.signal(1, "song", "view", 2.0, communities=["x"], attrs=GOLD)
+        await c.signal(2, "song", "view", 1.0, communities=["x", "y"], attrs=GOLD)
+
+
+def only_user_2(counts: Counts, ledger: Tally) -> None:
+    assert counts.ledger == {"view": ledger}
+    assert counts.cohorts == {"gold": {"view": Tally(3, 3.0)}}
+    assert counts.communities == {"x": {"view": Tally(3, 3.0)}, "y": {"view": Tally(3, 3.0)}}
+
+
+async def test_purge_withdraws_one_user_s_past_and_nobody_else_s(client: Client) -> None:
+    await seed(client)
+    purged = await client.purge(1)
+    assert (purged.user_id, purged.signals) == (1, 3)
+    only_user_2(await client.counts("song"), Tally(6, 9.0))  # the ledger layer still counts user 1
+    assert (await client.status(1)).status == "active"  # purge does not leave
+    assert (await client.purge(1)).signals == 0  # nothing is withdrawn twice
+    again = await client.signal(1, "song", "view", 2.0, communities=["x"], attrs=GOLD)
+    assert again.forwarded  # an Active user's next signal is counted as usual
+    counts = await client.counts("song")
+    assert counts.communities["x"] == {"view": Tally(4, 5.0)}
+    assert counts.cohorts["gold"] == {"view": Tally(4, 5.0)}
+
+
+async def test_purge_reaches_rows_in_the_table_and_in_memory_and_survives_restart(
+    db_path: Path,
+) -> None:
+    """With a checkpoint every 2 signals, the user's rows lie on both sides of the
+    aggregates' watermark: some in the table, some only in memory."""
+    config = Config(port=0, db=str(db_path), checkpoint_signals=2)
+    server = Server(config)
+    await server.start()
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+        await c.signal(1, "song", "view", 2.0, communities=["x"], attrs=GOLD)  # above it
+        assert (await c.purge(1)).signals == 4
+        only_user_2(await c.counts("song"), Tally(7, 11.0))
+    await server.shutdown()
+    server = Server(config)
+    await server.start()
+    async with await Client.connect(*server.address) as c:
+        only_user_2(await c.counts("song"), Tally(7, 11.0))
+        assert [e.event for e in await c.history(1)] == ["purge"]
+    await server.shutdown()
+
+
+async def test_leave_with_purge_answers_both_and_history_records_both(client: Client) -> None:
+    await seed(client)
+    left = await client.leave(2, purge=True)
+    assert (left.status, left.purged) == ("left", 3)
+    counts = await client.counts("song")
+    assert counts.communities == {"x": {"view": Tally(3, 6.0)}}
+    assert counts.cohorts == {"gold": {"view": Tally(3, 6.0)}}
+    assert (await client.leave(3)).purged is None  # a plain leave purges nothing
+    history = await client.history(2)
+    assert [(e.event, e.signals) for e in history] == [("leave", None), ("purge", 3)]
+    assert left.left_at_ns is not None
+    assert history[0].at_ns == left.left_at_ns < history[1].at_ns
+
+
+async def test_leave_with_purge_is_one_step_for_every_reader(db_path: Path) -> None:
+    """Pipelined [status, counts, status] from another connection, around a pipelined
+    [signal, leave+purge, counts]: no counts sees the user Left with their past counted,
+    or their past gone while Active. (A checkpoint every 2 signals puts the past in the
+    table as well as in memory.)"""
+    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=2))
+    await server.start()
+    try:
+        await one_step_for_every_reader(server)
+    finally:
+        await server.shutdown()
+
+
+async def one_step_for_every_reader(server: Server) -> None:
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+    writer, reader = await RawPeer.open(server.address), await RawPeer.open(server.address)
+    triples = 300
+    for i in range(triples // 2):
+        reader.send([0, 3 * i, "status", [1]])
+        reader.send([0, 3 * i + 1, "counts", ["song"]])
+        reader.send([0, 3 * i + 2, "status", [1]])
+    writer.send([0, 1, "signal", [1, "song", "view", 2.0, {"communities": ["x"]}]])
+    writer.send([0, 2, "leave", [1, {"purge": True}]])
+    writer.send([0, 3, "counts", ["song"]])
+    for i in range(triples // 2, triples):
+        reader.send([0, 3 * i, "status", [1]])
+        reader.send([0, 3 * i + 1, "counts", ["song"]])
+        reader.send([0, 3 * i + 2, "status", [1]])
+    mine = {r[1]: r[3] for r in [await writer.receive() for _ in range(3)]}
+    assert mine[2]["purged"] == 4  # the signal read just before the leave went too
+    assert mine[3]["communities"]["x"]["view"]["count"] == 3  # user 2's alone
+    replies = {r[1]: r[3] for r in [await reader.receive() for _ in range(3 * triples)]}
+    seen = set()
+    for i in range(triples):
+        before, counts, after = (replies[3 * i + k] for k in range(3))
+        x = counts["communities"]["x"]["view"]["count"]
+        if before["status"] == "left":
+            assert x == 3, (i, x)
+            seen.add("left")
+        if after["status"] == "active":
+            assert x in (6, 7), (i, x)  # with or without the signal read before the leave
+            seen.add("active")
+    assert seen, "no read was judged"
+    writer.close()
+    reader.close()
+
+
+async def test_erase_deletes_the_rows_and_every_trace_but_the_event(db_path: Path) -> None:
+    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=2))
+    await server.start()
+    try:
+        async with await Client.connect(*server.address) as c:
+            await seed(c)
+            await c.signal(1, "song", "like", 1.0, key="k-1")
+            erased = await c.erase(1)
+            assert (erased.user_id, erased.signals) == (1, 4)
+            only_user_2(await c.counts("song"), Tally(3, 3.0))
+            status = await c.status(1)
+            assert (status.status, status.left_at_ns) == ("left", erased.at_ns)
+            # a stale client's later signal is gated, and its key was forgotten: a new row
+            late = await c.signal(1, "song", "like", 1.0, key="k-1")
+            assert not late.forwarded
+            history = await c.history(1)
+            assert [(e.event, e.signals) for e in history] == [("erase", 4)]
+            assert (await c.erase(404)).signals == 0  # unknown: nothing, but recorded
+            assert [e.event for e in await c.history(404)] == ["erase"]
+            assert await c.history(405) == []
+            assert (await c.stats())["ledger_rows"] == 4  # user 2's three, and the late one
+    finally:
+        await server.shutdown()
+    with sqlite3.connect(db_path) as db:
+        rows = db.execute("SELECT user_id, forwarded, kind FROM ledger WHERE user_id = 1")
+        assert rows.fetchall() == [(1, 0, "like")]  # only the gated one after the erase
+        keys = db.execute("SELECT seq FROM signal_keys WHERE key = 'k-1'").fetchall()
+        assert keys == [(late.seq,)]
+        events = db.execute("SELECT event, signals FROM history WHERE user_id = 1").fetchall()
+        assert events == [(4, 4)]
+
+
+async def test_the_past_survives_kill_9(process: ServerProcess) -> None:
+    await process.start()
+    async with await process.connect() as c:
+        await seed(c)
+        await c.leave(1, purge=True)
+        erased = await c.erase(2)
+        await c.rejoin(1)
+    await process.kill9()
+    await process.start()
+    async with await process.connect() as c:
+        counts = await c.counts("song")
+        assert counts.ledger == {"view": Tally(3, 6.0)}  # user 1's rows only, unforwarded
+        assert counts.cohorts == {} and counts.communities == {}
+        assert [e.event for e in await c.history(1)] == ["leave", "purge", "rejoin"]
+        assert [(e.event, e.signals) for e in await c.history(2)] == [("erase", 3)]
+        page = await c.left_users()
+        assert (page.users, page.next) == ([(2, erased.at_ns)], None)
+        # the newest row (seq 6) was erased: its seq is still never given again
+        assert (await c.signal(5, "song", "view")).seq == 7
+
+
+async def test_a_refused_commit_undoes_an_erase(server: Server) -> None:
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+        await c.signal(1, "song", "like", key="kept")
+        failures = [StorageFailure("database or disk is full", transient=True)]
+
+        async def flaky(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+            if batch.past and failures:
+                raise failures.pop()
+            await real(batch)
+
+        wrap_commit(server, flaky)
+        counts_before = await c.counts("song")
+        with pytest.raises(Unavailable, match="disk is full"):
+            await c.erase(1)
+        assert (await c.status(1)).status == "active"
+        assert await c.counts("song") == counts_before
+        retry = await c.signal(1, "song", "like", key="kept")  # the key is still known
+        assert retry.seq == 7
+        assert await c.history(1) == []
+        assert (await c.erase(1)).signals == 4  # and it works once the disk does
+
+
+async def test_history_pages_by_time_and_left_users_by_id(client: Client) -> None:
+    for _ in range(3):
+        await client.leave(9)
+        await client.rejoin(9)
+    lines = await client.history(9)
+    assert [e.event for e in lines] == ["leave", "rejoin"] * 3
+    assert [e.at_ns for e in lines] == sorted({e.at_ns for e in lines})  # strictly increasing
+    first = await client.history(9, limit=4)
+    rest = await client.history(9, 100, first[-1].at_ns)
+    assert first + rest == lines
+    users = [5, 2**63 - 1, 2**63, 2**64 - 1, 0, 7]
+    for user in users:
+        await client.leave(user)
+    await client.rejoin(7)
+    seen: list[int] = []
+    after = None
+    while True:
+        page = await client.left_users(after, 2)
+        seen += [u for u, _ in page.users]
+        if page.next is None:
+            break
+        after = page.next
+    assert seen == sorted(u for u in users if u != 7)  # unsigned order, as on the wire
+
+
+async def test_left_users_and_history_see_the_writes_read_before_them(server: Server) -> None:
+    """Pipelined: each read shows what was read before it, though none of it had committed."""
+    peer = await RawPeer.open(server.address)
+    peer.send([0, 1, "leave", [11]])
+    peer.send([0, 2, "left_users", []])
+    peer.send([0, 3, "purge", [11]])
+    peer.send([0, 4, "history", [11]])
+    peer.send([0, 5, "rejoin", [11]])
+    peer.send([0, 6, "left_users", []])
+    replies = {r[1]: r for r in [await peer.receive() for _ in range(6)]}
+    assert [u for u, _ in replies[2][3]["users"]] == [11]
+    assert [(e["event"], e["signals"]) for e in replies[4][3]] == [("leave", None), ("purge", 0)]
+    assert replies[6][3]["users"] == []
+    peer.close()
+
+
+async def ledger_rows(db: Path) -> list[Any]:
+    def read() -> list[Any]:
+        with sqlite3.connect(db) as conn:
+            return conn.execute("SELECT user_id FROM ledger ORDER BY seq").fetchall()
+
+    return await asyncio.to_thread(read)
+
+
+async def test_retention_deletes_old_rows_and_leaves_counts_alone(db_path: Path) -> None:
+    now = [1_700_000_000 * 10**9]
+    day = 86_400 * 10**9
+    config = Config(port=0, db=str(db_path), checkpoint_signals=2)
+    server = Server(config, clock=lambda: now[0])
+    await server.start()
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+        now[0] += 2 * day
+        await c.signal(3, "song", "view", 5.0, communities=["x"])
+        before = await c.counts("song")
+    await server.shutdown()
+    server = Server(Config(port=0, db=str(db_path), ledger_retention=86_400), clock=lambda: now[0])
+    await server.start()
+    try:
+        await asyncio.wait_for(server.engine.retention.caught_up.wait(), 10)
+        assert await ledger_rows(db_path) == [(3,)]  # the six of two days ago are gone
+        async with await Client.connect(*server.address) as c:
+            assert await c.counts("song") == before
+            stats = await c.stats()
+            assert (stats["ledger_rows"], stats["ledger_retired"]) == (1, 6)
+            assert stats["db_bytes"] > 0
+            # the past is out of reach: a purge finds nothing to withdraw
+            assert (await c.purge(1)).signals == 0
+            assert await c.counts("song") == before
+    finally:
+        await server.shutdown()
