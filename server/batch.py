@@ -64,6 +64,7 @@ class Batch:
     next_cohort_id: int | None = None
     checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
     checkpoint_seq: int = 0
+    user_rows: dict[int, list[int]] | None = None  # where users' rows are, with the checkpoint
     keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order

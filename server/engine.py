@@ -38,6 +38,7 @@ from .past import ERASE, LEAVE, PURGE, REJOIN, Event, Outcome, Withdrawal
 from .reads import Reads
 from .retention import Retention
 from .storage import Snapshot, Storage, to_db
+from .userrows import UserRows
 
 log = logging.getLogger("tidal.engine")
 
@@ -73,6 +74,8 @@ class Engine:
             snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
         self.aggregates.replay(snapshot.ledger_tail)
+        self.user_rows = UserRows()
+        self.user_rows.replay((row[0], row[1]) for row in snapshot.ledger_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
             storage,
@@ -285,27 +288,34 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         if self.aggregates.due():
             # everything before this batch has committed: the live deltas run to here
-            batch.checkpoint_seq = batch.first_seq - 1
-            batch.checkpoint = self.aggregates.begin_checkpoint(batch.checkpoint_seq)
+            self._checkpoint(batch, batch.first_seq - 1)
             self.keys.forget_old(batch, self._clock())
+        for w in batch.past:  # after the checkpoint: what it hands over, the table will list
+            w.recent = self.user_rows.of(to_db(w.user_id))
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
         if not self.aggregates.live:
             return False
-        batch.checkpoint_seq = self._next_seq - 1
-        batch.checkpoint = self.aggregates.begin_checkpoint(batch.checkpoint_seq)
+        self._checkpoint(batch, self._next_seq - 1)
         return True
+
+    def _checkpoint(self, batch: Batch, upto_seq: int) -> None:
+        batch.checkpoint_seq = upto_seq
+        batch.checkpoint = self.aggregates.begin_checkpoint(upto_seq)
+        batch.user_rows = self.user_rows.begin_checkpoint()
 
     def committed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=True)
         self.aggregates.absorb(batch.deltas, batch.signals)
+        self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
         for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
             self.aggregates.withdraw(w.live)
             if w.erase:
                 self.keys.erased(w.user_id, w.before_seq, w.keys)
+                self.user_rows.erased(to_db(w.user_id), w.before_seq)
                 self.ledger_rows -= w.signals
         if batch.retire is not None:
             self.retention.done(batch.retired)
@@ -318,6 +328,8 @@ class Engine:
     def failed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
+        if batch.user_rows is not None:
+            self.user_rows.end_checkpoint(batch.user_rows, committed=False)
         if batch.retire is not None:
             self.retention.done(None)
         self._next_seq = batch.first_seq

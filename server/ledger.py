@@ -33,8 +33,9 @@ _pack: Final[Callable[[Any], bytes]] = msgpack.Packer(use_bin_type=True).pack
 def context(
     communities: Sequence[str], attrs: dict[str, Scalar], cohorts: Sequence[int]
 ) -> bytes | None:
-    """``[communities, attrs, cohort ids]``, or None when the signal named nothing."""
-    return _pack((communities, attrs, cohorts)) if communities or attrs else None
+    """``[communities, attrs, cohort ids]``, or None when the signal named nothing and
+    reached nothing (a cohort with an empty predicate takes signals without attributes)."""
+    return _pack((communities, attrs, cohorts)) if communities or attrs or cohorts else None
 
 
 def decode(blob: bytes | None) -> tuple[list[str], dict[str, Scalar], list[int]]:

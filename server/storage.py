@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import os
 import sqlite3
@@ -78,15 +79,24 @@ _SELECT_HISTORY: Final = """
 _SELECT_LEFT: Final = """
     SELECT user_id, left_at_ns FROM memberships
     WHERE left = 1 AND user_id BETWEEN ? AND ? ORDER BY user_id LIMIT ?"""
-_PURGE: Final = """
-    UPDATE ledger SET forwarded = 0 WHERE user_id = ? AND seq < ? AND forwarded = 1
+# a user's rows, by seq: given as one JSON array, so that one statement takes them all
+_SEQS: Final = "seq IN (SELECT value FROM json_each(?)) AND user_id = ?"
+_PURGE: Final = f"""
+    UPDATE ledger SET forwarded = 0 WHERE {_SEQS} AND forwarded = 1
     RETURNING seq, entity, kind, weight, 1, context"""
-_ERASE: Final = """
-    DELETE FROM ledger WHERE user_id = ? AND seq < ?
+_ERASE: Final = f"""
+    DELETE FROM ledger WHERE {_SEQS}
     RETURNING seq, entity, kind, weight, forwarded, context"""
 _ERASE_KEYS: Final = """
-    DELETE FROM signal_keys WHERE seq IN (SELECT seq FROM ledger WHERE user_id = ? AND seq < ?)
-    RETURNING key, seq"""
+    DELETE FROM signal_keys WHERE seq IN (SELECT value FROM json_each(?)) RETURNING key, seq"""
+_USER_ROWS: Final = _Bulk(
+    "INSERT INTO user_rows (user_id, upto, seqs) VALUES ",
+    3,
+    " ON CONFLICT DO UPDATE SET seqs = seqs || ',' || excluded.seqs",
+)
+_RETIRE_USER_ROWS: Final = """
+    DELETE FROM user_rows WHERE (user_id, upto) IN (
+        SELECT user_id, upto FROM user_rows WHERE upto < ? LIMIT ?)"""
 _RETIRE: Final = """
     DELETE FROM ledger WHERE seq IN (
         SELECT seq FROM ledger WHERE seq <= ? AND ts_ns < ? ORDER BY seq LIMIT ?)"""
@@ -124,7 +134,8 @@ class Snapshot:
     next_cohort_id: int
     #: the aggregates table holds every signal up to this seq; later ledger rows follow
     watermark: int
-    ledger_tail: list[tuple[str, str, float, int, bytes | None]]
+    #: seq, user_id (as stored), entity, kind, weight, forwarded, context
+    ledger_tail: list[tuple[int, int, str, str, float, int, bytes | None]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
     keys: OrderedDict[str, tuple[int, bool, int]]
     ledger_rows: int
@@ -239,7 +250,8 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
     watermark = int(meta.get("aggregates_seq", 0))
     tail = db.execute(
-        "SELECT entity, kind, weight, forwarded, context FROM ledger WHERE seq > ? ORDER BY seq",
+        "SELECT seq, user_id, entity, kind, weight, forwarded, context FROM ledger"
+        " WHERE seq > ? ORDER BY seq",
         (watermark,),
     ).fetchall()
     newest_keys = db.execute(
@@ -294,6 +306,10 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
             db.execute("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
         if batch.checkpoint is not None:
             _write_all(db, _AGGREGATES, _rows_of(batch.checkpoint))
+            if batch.user_rows:
+                upto = batch.checkpoint_seq
+                lines = sorted(batch.user_rows.items())  # in the table's order: few pages
+                _write_all(db, _USER_ROWS, [(u, upto, ",".join(map(str, s))) for u, s in lines])
             db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
         if batch.past or batch.retire is not None:
             # after the checkpoint: what it wrote is the table these rows are withdrawn from
@@ -302,10 +318,9 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
             # given again, so the next boot must not take its next seq from what is left
             db.execute(_SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
             for withdrawal in batch.past:
-                _withdraw(db, withdrawal, watermark)
+                _withdraw(db, withdrawal, watermark, batch.first_seq)
             if batch.retire is not None:
-                before_ns, most = batch.retire
-                batch.retired = db.execute(_RETIRE, (watermark, before_ns, most)).rowcount
+                _retire(db, batch, watermark)
         _write_all(
             db,
             _HISTORY,
@@ -345,18 +360,41 @@ def _left_users(db: sqlite3.Connection, after: int | None, n: int) -> list[tuple
     return rows
 
 
-def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int) -> None:
+def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_seq: int) -> None:
     """A purge or an erase: change the user's rows, and take what they added off the
     table now (rows up to ``watermark``) and off memory once committed (the rest)."""
-    args = (to_db(w.user_id), w.before_seq)
+    user = to_db(w.user_id)
+    seqs = json.dumps(_seqs_of(db, w, user, first_seq))
     if w.erase:
-        w.keys = db.execute(_ERASE_KEYS, args).fetchall()
-    w.take(db.execute(_ERASE if w.erase else _PURGE, args).fetchall(), watermark)
+        w.keys = db.execute(_ERASE_KEYS, (seqs,)).fetchall()
+        db.execute("DELETE FROM user_rows WHERE user_id = ?", (user,))
+    w.take(db.execute(_ERASE if w.erase else _PURGE, (seqs, user)).fetchall(), watermark)
     if w.table:
         _write_all(db, _AGGREGATES, _rows_of(w.table))
         db.executemany(
             "DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table]
         )
+
+
+def _seqs_of(db: sqlite3.Connection, w: past.Withdrawal, user: int, first_seq: int) -> list[int]:
+    """The user's rows read before ``w``: listed in ``user_rows`` up to the last checkpoint,
+    in memory since (``w.recent``), and in this batch."""
+    seqs = set(w.recent)
+    for (line,) in db.execute("SELECT seqs FROM user_rows WHERE user_id = ?", (user,)):
+        seqs.update(map(int, line.split(",")))
+    mine = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
+    seqs.update(seq for (seq,) in db.execute(mine, (first_seq, w.before_seq, user)))
+    return sorted(seq for seq in seqs if seq < w.before_seq)
+
+
+def _retire(db: sqlite3.Connection, batch: Batch, watermark: int) -> None:
+    """A chunk of ledger retention; then the lines of ``user_rows`` left with no row."""
+    assert batch.retire is not None
+    before_ns, most = batch.retire
+    batch.retired = db.execute(_RETIRE, (watermark, before_ns, most)).rowcount
+    ((oldest,),) = db.execute("SELECT MIN(seq) FROM ledger")
+    low = oldest if oldest is not None else watermark + 1
+    db.execute(_RETIRE_USER_ROWS, (low, most))
 
 
 def _rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:

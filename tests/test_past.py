@@ -287,3 +287,19 @@ async def test_retention_deletes_old_rows_and_leaves_counts_alone(db_path: Path)
             assert await c.counts("song") == before
     finally:
         await server.shutdown()
+
+
+async def test_a_cohort_of_everyone_is_replayed_and_withdrawn(process: ServerProcess) -> None:
+    """A signal without attributes still reaches a cohort with an empty predicate; its row
+    must say so, or a replay after kill -9 (and an erase) would miss that cohort."""
+    await process.start()
+    async with await process.connect() as c:
+        await c.define_cohort("everyone", {})
+        await c.signal(1, "song", "view")
+        await c.signal(2, "song", "view")
+    await process.kill9()
+    await process.start()
+    async with await process.connect() as c:
+        assert (await c.counts("song")).cohorts == {"everyone": {"view": Tally(2, 2.0)}}
+        assert (await c.erase(1)).signals == 1
+        assert (await c.counts("song")).cohorts == {"everyone": {"view": Tally(1, 1.0)}}

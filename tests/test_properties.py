@@ -323,7 +323,8 @@ MSGPACK_VALUES = st.recursive(
 )
 METHODS = st.sampled_from(
     ["ping", "signal", "signal_batch", "leave", "rejoin", "status", "define_cohort",
-     "drop_cohort", "cohorts", "counts", "stats", "auth", "nope"]
+     "drop_cohort", "cohorts", "counts", "stats", "auth", "purge", "erase", "history",
+     "left_users", "nope"]
 )  # fmt: skip
 
 
@@ -338,7 +339,7 @@ def live_server() -> Iterator[int]:
 
 @given(method=METHODS, params=st.lists(MSGPACK_VALUES, max_size=6))
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 def test_any_request_gets_exactly_one_well_formed_reply(
     live_server: int, method: str, params: list[Any]
