@@ -169,14 +169,14 @@ class Aggregates:
             limit,
         )
 
-    def replay(self, rows: Iterable[tuple[int, int, str, str, float, int, bytes | None]]) -> int:
+    def replay(self, rows: Iterable[tuple[str, str, float, int, bytes | None]]) -> int:
         """Rebuild the live deltas from ledger rows above the watermark (at boot).
 
         Each row counts as the signal did live (``ledger.count``).
         """
         live = self.live
         count = 0
-        for _, _, entity, kind, weight, forwarded, context in rows:
+        for entity, kind, weight, forwarded, context in rows:
             weight = ledger.row_weight(weight)
             mine = live.get(entity)
             if mine is None:

@@ -74,8 +74,8 @@ class Engine:
             snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
         self.aggregates.replay(snapshot.ledger_tail)
-        self.user_rows = UserRows()
-        self.user_rows.replay((row[0], row[1]) for row in snapshot.ledger_tail)
+        self.user_rows = UserRows(snapshot.summaries, snapshot.rows_covered)
+        self.user_rows.replay(snapshot.user_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
             storage,
@@ -290,8 +290,9 @@ class Engine:
             # everything before this batch has committed: the live deltas run to here
             self._checkpoint(batch, batch.first_seq - 1)
             self.keys.forget_old(batch, self._clock())
-        for w in batch.past:  # after the checkpoint: what it hands over, the table will list
-            w.recent = self.user_rows.of(to_db(w.user_id))
+        self.user_rows.prepare(batch)
+        for w in batch.past:
+            w.summaries, w.recent = self.user_rows.where(to_db(w.user_id))
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
@@ -303,7 +304,6 @@ class Engine:
     def _checkpoint(self, batch: Batch, upto_seq: int) -> None:
         batch.checkpoint_seq = upto_seq
         batch.checkpoint = self.aggregates.begin_checkpoint(upto_seq)
-        batch.user_rows = self.user_rows.begin_checkpoint()
 
     def committed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
@@ -328,8 +328,6 @@ class Engine:
     def failed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
-        if batch.user_rows is not None:
-            self.user_rows.end_checkpoint(batch.user_rows, committed=False)
         if batch.retire is not None:
             self.retention.done(None)
         self._next_seq = batch.first_seq

@@ -62,20 +62,20 @@ MIGRATIONS: Final[list[list[str]]] = [
         "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
     ],
     [
-        # where each user's rows are (see userrows.py): "seqs" lists, comma-separated, the
-        # user's rows up to "upto" (an aggregates watermark) not listed by earlier lines
+        # where each user's rows are (see userrows.py): one line per user and summary,
+        # listing the user's rows up to "upto" that no earlier summary lists
         """CREATE TABLE user_rows (
-            user_id INTEGER NOT NULL,
             upto INTEGER NOT NULL,
-            seqs TEXT NOT NULL,
-            PRIMARY KEY (user_id, upto)
+            user_id INTEGER NOT NULL,
+            seqs NOT NULL,  -- msgpack array; text "seq,seq,..." from this migration
+            PRIMARY KEY (upto, user_id)
         ) WITHOUT ROWID""",
-        "CREATE INDEX user_rows_by_upto ON user_rows (upto)",  # for retention
-        """INSERT INTO user_rows (user_id, upto, seqs)
-            SELECT user_id, w.upto, group_concat(seq) FROM ledger,
-                (SELECT COALESCE(MAX(CAST(value AS INTEGER)), 0) AS upto
-                 FROM meta WHERE key = 'aggregates_seq') AS w
-            WHERE seq <= w.upto GROUP BY user_id""",
+        """INSERT INTO user_rows (upto, user_id, seqs)
+            SELECT m.upto, user_id, group_concat(seq) FROM ledger,
+                (SELECT MAX(seq) AS upto FROM ledger) AS m
+            GROUP BY user_id""",
+        """INSERT OR REPLACE INTO meta (key, value)
+            SELECT 'user_rows_seq', COALESCE(MAX(seq), 0) FROM ledger""",
         "CREATE INDEX signal_keys_by_seq ON signal_keys (seq)",  # an erased row's key
         # leave, rejoin, purge and erase of each user; at_ns increases across all events
         """CREATE TABLE history (

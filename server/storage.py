@@ -26,7 +26,7 @@ from typing import Any, Final, NamedTuple, TypeVar, cast
 import aiosqlite
 import msgpack
 
-from . import past, schema
+from . import past, schema, userrows
 from .aggregates import CountsRead, Deltas
 from .batch import Batch
 from .config import Durability
@@ -89,14 +89,9 @@ _ERASE: Final = f"""
     RETURNING seq, entity, kind, weight, forwarded, context"""
 _ERASE_KEYS: Final = """
     DELETE FROM signal_keys WHERE seq IN (SELECT value FROM json_each(?)) RETURNING key, seq"""
-_USER_ROWS: Final = _Bulk(
-    "INSERT INTO user_rows (user_id, upto, seqs) VALUES ",
-    3,
-    " ON CONFLICT DO UPDATE SET seqs = seqs || ',' || excluded.seqs",
-)
-_RETIRE_USER_ROWS: Final = """
-    DELETE FROM user_rows WHERE (user_id, upto) IN (
-        SELECT user_id, upto FROM user_rows WHERE upto < ? LIMIT ?)"""
+_USER_ROWS: Final = _Bulk("INSERT OR REPLACE INTO user_rows (upto, user_id, seqs) VALUES ", 3)
+_SUMMARY_LINE: Final = "SELECT seqs FROM user_rows WHERE upto = ? AND user_id = ?"
+_NEXT_SUMMARY: Final = "SELECT MIN(upto) FROM user_rows WHERE upto > ?"
 _RETIRE: Final = """
     DELETE FROM ledger WHERE seq IN (
         SELECT seq FROM ledger WHERE seq <= ? AND ts_ns < ? ORDER BY seq LIMIT ?)"""
@@ -134,12 +129,14 @@ class Snapshot:
     next_cohort_id: int
     #: the aggregates table holds every signal up to this seq; later ledger rows follow
     watermark: int
-    #: seq, user_id (as stored), entity, kind, weight, forwarded, context
-    ledger_tail: list[tuple[int, int, str, str, float, int, bytes | None]]
+    ledger_tail: list[tuple[str, str, float, int, bytes | None]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
     keys: OrderedDict[str, tuple[int, bool, int]]
     ledger_rows: int
     last_event_ns: int  # the latest event in any user's history
+    summaries: list[int]  # the uptos of user_rows, oldest first
+    rows_covered: int  # user_rows lists every row up to this seq
+    user_tail: list[tuple[int, int]]  # seq, user_id (as stored) of the rows past it
 
 
 class _Connection(aiosqlite.Connection):
@@ -250,8 +247,7 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
     watermark = int(meta.get("aggregates_seq", 0))
     tail = db.execute(
-        "SELECT seq, user_id, entity, kind, weight, forwarded, context FROM ledger"
-        " WHERE seq > ? ORDER BY seq",
+        "SELECT entity, kind, weight, forwarded, context FROM ledger WHERE seq > ? ORDER BY seq",
         (watermark,),
     ).fetchall()
     newest_keys = db.execute(
@@ -263,6 +259,13 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
     ((rows,),) = db.execute("SELECT COUNT(*) FROM ledger")
     last_event = db.execute("SELECT at_ns FROM history ORDER BY rowid DESC LIMIT 1").fetchone()
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
+    summaries: list[int] = []
+    while (
+        upto := db.execute(_NEXT_SUMMARY, (summaries[-1] if summaries else -1,)).fetchone()[0]
+    ) is not None:
+        summaries.append(upto)
+    covered = int(meta.get("user_rows_seq", 0))
+    user_tail = db.execute("SELECT seq, user_id FROM ledger WHERE seq > ?", (covered,)).fetchall()
     return Snapshot(
         left,
         rejoined,
@@ -274,6 +277,9 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
         keys,
         rows,
         last_event[0] if last_event else 0,
+        summaries,
+        covered,
+        user_tail,
     )
 
 
@@ -306,11 +312,10 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
             db.execute("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
         if batch.checkpoint is not None:
             _write_all(db, _AGGREGATES, _rows_of(batch.checkpoint))
-            if batch.user_rows:
-                upto = batch.checkpoint_seq
-                lines = sorted(batch.user_rows.items())  # in the table's order: few pages
-                _write_all(db, _USER_ROWS, [(u, upto, ",".join(map(str, s))) for u, s in lines])
             db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
+        _write_all(db, _USER_ROWS, batch.user_lines)
+        if batch.user_lines_covered is not None:
+            db.execute(_SET_META, ("user_rows_seq", batch.user_lines_covered))
         if batch.past or batch.retire is not None:
             # after the checkpoint: what it wrote is the table these rows are withdrawn from
             watermark = _watermark(db)
@@ -367,7 +372,10 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
     seqs = json.dumps(_seqs_of(db, w, user, first_seq))
     if w.erase:
         w.keys = db.execute(_ERASE_KEYS, (seqs,)).fetchall()
-        db.execute("DELETE FROM user_rows WHERE user_id = ?", (user,))
+        db.executemany(
+            "DELETE FROM user_rows WHERE upto = ? AND user_id = ?",
+            [(upto, user) for upto in w.summaries],
+        )
     w.take(db.execute(_ERASE if w.erase else _PURGE, (seqs, user)).fetchall(), watermark)
     if w.table:
         _write_all(db, _AGGREGATES, _rows_of(w.table))
@@ -377,24 +385,29 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
 
 
 def _seqs_of(db: sqlite3.Connection, w: past.Withdrawal, user: int, first_seq: int) -> list[int]:
-    """The user's rows read before ``w``: listed in ``user_rows`` up to the last checkpoint,
-    in memory since (``w.recent``), and in this batch."""
+    """The user's rows read before ``w``: in the summaries of ``user_rows``, in memory past
+    them (``w.recent``), and in this batch."""
     seqs = set(w.recent)
-    for (line,) in db.execute("SELECT seqs FROM user_rows WHERE user_id = ?", (user,)):
-        seqs.update(map(int, line.split(",")))
+    for upto in w.summaries:
+        line = db.execute(_SUMMARY_LINE, (upto, user)).fetchone()
+        if line is not None:
+            seqs.update(userrows.decode(line[0]))
     mine = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
     seqs.update(seq for (seq,) in db.execute(mine, (first_seq, w.before_seq, user)))
     return sorted(seq for seq in seqs if seq < w.before_seq)
 
 
 def _retire(db: sqlite3.Connection, batch: Batch, watermark: int) -> None:
-    """A chunk of ledger retention; then the lines of ``user_rows`` left with no row."""
+    """A chunk of ledger retention; then the oldest summary, once no row of it is left."""
     assert batch.retire is not None
     before_ns, most = batch.retire
     batch.retired = db.execute(_RETIRE, (watermark, before_ns, most)).rowcount
-    ((oldest,),) = db.execute("SELECT MIN(seq) FROM ledger")
-    low = oldest if oldest is not None else watermark + 1
-    db.execute(_RETIRE_USER_ROWS, (low, most))
+    oldest = batch.oldest_summary
+    if oldest is not None:
+        ((first,),) = db.execute("SELECT MIN(seq) FROM ledger")
+        if first is None or oldest < first:
+            db.execute("DELETE FROM user_rows WHERE upto = ?", (oldest,))
+            batch.summary_retired = oldest
 
 
 def _rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:

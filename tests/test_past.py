@@ -9,10 +9,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tidal.client import Client, Counts, Tally, Unavailable
-from tidal.server import Config, Server
+from tidal.server import Config, Server, userrows
 from tidal.server.batch import Batch
 from tidal.server.errors import StorageFailure
 
@@ -303,3 +304,72 @@ async def test_a_cohort_of_everyone_is_replayed_and_withdrawn(process: ServerPro
         assert (await c.counts("song")).cohorts == {"everyone": {"view": Tally(2, 2.0)}}
         assert (await c.erase(1)).signals == 1
         assert (await c.counts("song")).cohorts == {"everyone": {"view": Tally(1, 1.0)}}
+
+
+def recompute(db: Path, entity: str) -> dict[str, Any]:
+    """An entity's counts recomputed from the ledger as it stands in the file: the ledger
+    layer from every row, cohorts (as defined now) and communities from forwarded rows."""
+    with sqlite3.connect(db) as conn:
+        names = dict(conn.execute("SELECT id, name FROM cohorts").fetchall())
+        rows = conn.execute(
+            "SELECT kind, weight, forwarded, context FROM ledger WHERE entity = ?", (entity,)
+        ).fetchall()
+    out: dict[str, Any] = {"ledger": {}, "cohorts": {}, "communities": {}}
+
+    def bump(into: dict[str, Any], kind: str, weight: float) -> None:
+        tally = into.setdefault(kind, Tally(0, 0.0))
+        into[kind] = Tally(tally.count + 1, tally.weight + weight)
+
+    for kind, weight, forwarded, context in rows:
+        bump(out["ledger"], kind, weight)
+        if forwarded and context is not None:
+            communities, _, cohorts = msgpack.unpackb(context)
+            for cid in cohorts:
+                if cid in names:
+                    bump(out["cohorts"].setdefault(names[cid], {}), kind, weight)
+            for name in communities:
+                bump(out["communities"].setdefault(name, {}), kind, weight)
+    return out
+
+
+def as_dict(counts: Counts) -> dict[str, Any]:
+    return {"ledger": counts.ledger, "cohorts": counts.cohorts, "communities": counts.communities}
+
+
+async def test_purge_and_erase_find_rows_across_summaries_and_restarts(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small summaries, written two lines per commit, so that a user's rows are spread over
+    many summaries, one being written, and memory; checked against the file itself."""
+    monkeypatch.setattr(userrows, "SUMMARY_ROWS", 7)
+    monkeypatch.setattr(userrows, "LINES_PER_COMMIT", 2)
+    config = Config(port=0, db=str(db_path), checkpoint_signals=5)
+    expected_purged = dict.fromkeys(range(6), 0)
+    for round_ in range(3):
+        server = Server(config)
+        await server.start()
+        async with await Client.connect(*server.address) as c:
+            if round_ == 0:
+                await c.define_cohort("gold", GOLD)
+            for i in range(40):
+                user = i % 6
+                await c.signal(user, "song", "view", float(i % 4), communities=[f"c{i % 3}"],
+                               attrs=GOLD if i % 2 else {})  # fmt: skip
+                expected_purged[user] += 1
+            for user in (1, 4):
+                assert (await c.purge(user)).signals == expected_purged[user]
+                expected_purged[user] = 0
+            assert as_dict(await c.counts("song")) == recompute(db_path, "song")
+        await server.shutdown()
+    server = Server(config)
+    await server.start()
+    async with await Client.connect(*server.address) as c:
+        assert (await c.erase(2)).signals == 3 * 7  # i % 6 == 2 for 7 of 40, each round
+        assert (await c.purge(3)).signals == expected_purged[3]
+        assert as_dict(await c.counts("song")) == recompute(db_path, "song")
+        assert (await c.erase(2)).signals == 0
+    await server.shutdown()
+    with sqlite3.connect(db_path) as db:
+        lines = db.execute("SELECT upto, seqs FROM user_rows WHERE user_id = 2").fetchall()
+        assert lines == []  # an erased user leaves no trace of where their rows were
+        assert len({upto for (upto,) in db.execute("SELECT upto FROM user_rows")}) >= 10

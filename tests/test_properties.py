@@ -21,6 +21,7 @@ from tidal.client import Client, Counts, Membership
 from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError
 
 from .conftest import BlockingServer, ServerProcess
+from .test_past import as_dict, recompute
 
 USERS = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1])
 ENTITIES = st.sampled_from(["a", "b"])
@@ -276,7 +277,9 @@ class TidalMachine(RuleBasedStateMachine):
             assert [(e.event, e.signals) for e in history] == self.model.history.get(user, [])
         assert self.run(self.c.cohorts()) == {n: p for n, (p, _) in self.model.cohorts.items()}
         for entity in ("a", "b"):
-            assert wire(self.run(self.c.counts(entity))) == self.model.counts_of(entity)
+            counts = self.run(self.c.counts(entity))
+            assert wire(counts) == self.model.counts_of(entity)
+            assert as_dict(counts) == recompute(self.server.db, entity)  # the file agrees
         assert self.run(self.c.stats())["ledger_rows"] == len(self.model.rows)
         left = self.run(self.c.left_users())
         assert left.users == sorted(
