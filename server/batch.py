@@ -64,12 +64,7 @@ class Batch:
     next_cohort_id: int | None = None
     checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
     checkpoint_seq: int = 0
-    #: where users' rows are (userrows.py): summary lines to write, (upto, user_id, seqs)
-    user_lines: list[tuple[int, int, bytes]] = field(default_factory=list)
-    user_lines_taken: int = 0  # users of the summary these lines cover
-    user_lines_covered: int | None = None  # with these, the summary up to this seq is whole
-    oldest_summary: int | None = None  # with retention: dropped if no row of it is left
-    summary_retired: int | None = None  # ... as the writer found
+    users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py
     keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order

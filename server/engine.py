@@ -74,8 +74,7 @@ class Engine:
             snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
         self.aggregates.replay(snapshot.ledger_tail)
-        self.user_rows = UserRows(snapshot.summaries, snapshot.rows_covered)
-        self.user_rows.replay(snapshot.user_tail)
+        self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
             storage,
@@ -292,7 +291,7 @@ class Engine:
             self.keys.forget_old(batch, self._clock())
         self.user_rows.prepare(batch)
         for w in batch.past:
-            w.summaries, w.recent = self.user_rows.where(to_db(w.user_id))
+            w.recent = self.user_rows.recent(to_db(w.user_id), w.before_seq)
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""

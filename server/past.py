@@ -43,9 +43,7 @@ class Withdrawal:
     before_seq: int  # the user's rows below this seq: those read before the request
     erase: bool
     at_ns: int
-    #: where the user's rows are: the summaries to look in, and rows memory lists
-    summaries: list[int] = field(default_factory=list)
-    recent: list[int] = field(default_factory=list)
+    recent: list[int] = field(default_factory=list)  # the user's rows not yet in a block
     signals: int = 0  # rows withdrawn from (purge) or deleted (erase)
     table: Deltas = field(default_factory=dict)
     live: Deltas = field(default_factory=dict)

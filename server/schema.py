@@ -62,20 +62,12 @@ MIGRATIONS: Final[list[list[str]]] = [
         "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
     ],
     [
-        # where each user's rows are (see userrows.py): one line per user and summary,
-        # listing the user's rows up to "upto" that no earlier summary lists
-        """CREATE TABLE user_rows (
-            upto INTEGER NOT NULL,
-            user_id INTEGER NOT NULL,
-            seqs NOT NULL,  -- msgpack array; text "seq,seq,..." from this migration
-            PRIMARY KEY (upto, user_id)
-        ) WITHOUT ROWID""",
-        """INSERT INTO user_rows (upto, user_id, seqs)
-            SELECT m.upto, user_id, group_concat(seq) FROM ledger,
-                (SELECT MAX(seq) AS upto FROM ledger) AS m
-            GROUP BY user_id""",
-        """INSERT OR REPLACE INTO meta (key, value)
-            SELECT 'user_rows_seq', COALESCE(MAX(seq), 0) FROM ledger""",
+        # the user of each ledger row, packed by blocks of seqs (see userrows.py); blocks
+        # for the rows already there are written at boot
+        """CREATE TABLE ledger_users (
+            first_seq INTEGER PRIMARY KEY,
+            users BLOB NOT NULL
+        )""",
         "CREATE INDEX signal_keys_by_seq ON signal_keys (seq)",  # an erased row's key
         # leave, rejoin, purge and erase of each user; at_ns increases across all events
         """CREATE TABLE history (

@@ -89,9 +89,11 @@ _ERASE: Final = f"""
     RETURNING seq, entity, kind, weight, forwarded, context"""
 _ERASE_KEYS: Final = """
     DELETE FROM signal_keys WHERE seq IN (SELECT value FROM json_each(?)) RETURNING key, seq"""
-_USER_ROWS: Final = _Bulk("INSERT OR REPLACE INTO user_rows (upto, user_id, seqs) VALUES ", 3)
-_SUMMARY_LINE: Final = "SELECT seqs FROM user_rows WHERE upto = ? AND user_id = ?"
-_NEXT_SUMMARY: Final = "SELECT MIN(upto) FROM user_rows WHERE upto > ?"
+_BLOCKS: Final = "SELECT first_seq, users FROM ledger_users WHERE first_seq < ?"
+_PUT_BLOCK: Final = "INSERT OR REPLACE INTO ledger_users (first_seq, users) VALUES (?, ?)"
+_RETIRE_BLOCKS: Final = """
+    DELETE FROM ledger_users WHERE first_seq IN (
+        SELECT first_seq FROM ledger_users WHERE first_seq <= ? LIMIT ?)"""
 _RETIRE: Final = """
     DELETE FROM ledger WHERE seq IN (
         SELECT seq FROM ledger WHERE seq <= ? AND ts_ns < ? ORDER BY seq LIMIT ?)"""
@@ -134,9 +136,8 @@ class Snapshot:
     keys: OrderedDict[str, tuple[int, bool, int]]
     ledger_rows: int
     last_event_ns: int  # the latest event in any user's history
-    summaries: list[int]  # the uptos of user_rows, oldest first
-    rows_covered: int  # user_rows lists every row up to this seq
-    user_tail: list[tuple[int, int]]  # seq, user_id (as stored) of the rows past it
+    next_block: int  # the first seq that no block of ledger_users lists yet
+    users_tail: list[int]  # the users of the rows from there on, in seq order
 
 
 class _Connection(aiosqlite.Connection):
@@ -259,13 +260,7 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
     ((rows,),) = db.execute("SELECT COUNT(*) FROM ledger")
     last_event = db.execute("SELECT at_ns FROM history ORDER BY rowid DESC LIMIT 1").fetchone()
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
-    summaries: list[int] = []
-    while (
-        upto := db.execute(_NEXT_SUMMARY, (summaries[-1] if summaries else -1,)).fetchone()[0]
-    ) is not None:
-        summaries.append(upto)
-    covered = int(meta.get("user_rows_seq", 0))
-    user_tail = db.execute("SELECT seq, user_id FROM ledger WHERE seq > ?", (covered,)).fetchall()
+    next_block, users_tail = _catch_up_blocks(db, next_seq)
     return Snapshot(
         left,
         rejoined,
@@ -277,9 +272,8 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
         keys,
         rows,
         last_event[0] if last_event else 0,
-        summaries,
-        covered,
-        user_tail,
+        next_block,
+        users_tail,
     )
 
 
@@ -313,9 +307,7 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
         if batch.checkpoint is not None:
             _write_all(db, _AGGREGATES, _rows_of(batch.checkpoint))
             db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
-        _write_all(db, _USER_ROWS, batch.user_lines)
-        if batch.user_lines_covered is not None:
-            db.execute(_SET_META, ("user_rows_seq", batch.user_lines_covered))
+        db.executemany(_PUT_BLOCK, batch.users_blocks)
         if batch.past or batch.retire is not None:
             # after the checkpoint: what it wrote is the table these rows are withdrawn from
             watermark = _watermark(db)
@@ -369,13 +361,13 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
     """A purge or an erase: change the user's rows, and take what they added off the
     table now (rows up to ``watermark``) and off memory once committed (the rest)."""
     user = to_db(w.user_id)
-    seqs = json.dumps(_seqs_of(db, w, user, first_seq))
+    found = _seqs_of(db, w, user, first_seq)
+    seqs = json.dumps(sorted(seq for block in found.values() for seq in block))
     if w.erase:
         w.keys = db.execute(_ERASE_KEYS, (seqs,)).fetchall()
-        db.executemany(
-            "DELETE FROM user_rows WHERE upto = ? AND user_id = ?",
-            [(upto, user) for upto in w.summaries],
-        )
+        for first, block in db.execute(_BLOCKS, (w.before_seq,)).fetchall():
+            if found.get(first):
+                db.execute(_PUT_BLOCK, (first, userrows.blank(block, first, found[first])))
     w.take(db.execute(_ERASE if w.erase else _PURGE, (seqs, user)).fetchall(), watermark)
     if w.table:
         _write_all(db, _AGGREGATES, _rows_of(w.table))
@@ -384,30 +376,56 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
         )
 
 
-def _seqs_of(db: sqlite3.Connection, w: past.Withdrawal, user: int, first_seq: int) -> list[int]:
-    """The user's rows read before ``w``: in the summaries of ``user_rows``, in memory past
-    them (``w.recent``), and in this batch."""
-    seqs = set(w.recent)
-    for upto in w.summaries:
-        line = db.execute(_SUMMARY_LINE, (upto, user)).fetchone()
-        if line is not None:
-            seqs.update(userrows.decode(line[0]))
+def _seqs_of(
+    db: sqlite3.Connection, w: past.Withdrawal, user: int, first_seq: int
+) -> dict[int, list[int]]:
+    """The user's rows read before ``w``, by the block that lists them (0: not in a block):
+    in the blocks of ``ledger_users``, in memory past them (``w.recent``), in this batch."""
+    found = {first: userrows.find(block, first, user) for first, block in db.execute(
+        _BLOCKS, (w.before_seq,))}  # fmt: skip
     mine = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
-    seqs.update(seq for (seq,) in db.execute(mine, (first_seq, w.before_seq, user)))
-    return sorted(seq for seq in seqs if seq < w.before_seq)
+    rest = set(w.recent)
+    rest.update(seq for (seq,) in db.execute(mine, (first_seq, w.before_seq, user)))
+    found[0] = [seq for seq in rest if seq < w.before_seq]
+    return found
+
+
+def _catch_up_blocks(db: sqlite3.Connection, next_seq: int) -> tuple[int, list[int]]:
+    """Write the blocks of ``ledger_users`` that rows already written fill (a database
+    from before the table, or rows committed since the last block); the users past them."""
+    ((last,),) = db.execute("SELECT MAX(first_seq) FROM ledger_users")
+    start = 1 if last is None else last + userrows.BLOCK
+    rows = "SELECT seq, user_id FROM ledger WHERE seq >= ? AND seq < ? ORDER BY seq"
+
+    def users(first: int, end: int) -> list[int]:
+        listed = dict(db.execute(rows, (first, end)).fetchall())
+        return [listed.get(seq, 0) for seq in range(first, end)]  # an erased row: 0
+
+    blocks = 0
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        while start + userrows.BLOCK <= next_seq:
+            block = userrows.pack(users(start, start + userrows.BLOCK))
+            db.execute(_PUT_BLOCK, (start, block))
+            start += userrows.BLOCK
+            blocks += 1
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    if blocks > 1:
+        log.info("listed the users of %d ledger rows in ledger_users", blocks * userrows.BLOCK)
+    return start, users(start, next_seq)
 
 
 def _retire(db: sqlite3.Connection, batch: Batch, watermark: int) -> None:
-    """A chunk of ledger retention; then the oldest summary, once no row of it is left."""
+    """A chunk of ledger retention; then the blocks of ``ledger_users`` no row is left in."""
     assert batch.retire is not None
     before_ns, most = batch.retire
     batch.retired = db.execute(_RETIRE, (watermark, before_ns, most)).rowcount
-    oldest = batch.oldest_summary
-    if oldest is not None:
-        ((first,),) = db.execute("SELECT MIN(seq) FROM ledger")
-        if first is None or oldest < first:
-            db.execute("DELETE FROM user_rows WHERE upto = ?", (oldest,))
-            batch.summary_retired = oldest
+    ((first,),) = db.execute("SELECT MIN(seq) FROM ledger")
+    first = first if first is not None else watermark + 1
+    db.execute(_RETIRE_BLOCKS, (first - userrows.BLOCK, most))
 
 
 def _rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from array import array
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,11 @@ from typing import Any
 import msgpack
 import pytest
 
-from tidal.client import Client, Counts, Tally, Unavailable
+from tidal.client import Client, Counts, Event, Tally, Unavailable
 from tidal.server import Config, Server, userrows
 from tidal.server.batch import Batch
 from tidal.server.errors import StorageFailure
+from tidal.server.schema import MIGRATIONS
 
 from .conftest import ServerProcess
 from .rawrpc import RawPeer
@@ -336,13 +338,12 @@ def as_dict(counts: Counts) -> dict[str, Any]:
     return {"ledger": counts.ledger, "cohorts": counts.cohorts, "communities": counts.communities}
 
 
-async def test_purge_and_erase_find_rows_across_summaries_and_restarts(
+async def test_purge_and_erase_find_rows_across_blocks_and_restarts(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Small summaries, written two lines per commit, so that a user's rows are spread over
-    many summaries, one being written, and memory; checked against the file itself."""
-    monkeypatch.setattr(userrows, "SUMMARY_ROWS", 7)
-    monkeypatch.setattr(userrows, "LINES_PER_COMMIT", 2)
+    """Blocks of 4 rows, so that a user's rows are spread over many blocks of ledger_users
+    and memory; checked against the file itself."""
+    monkeypatch.setattr(userrows, "BLOCK", 4)
     config = Config(port=0, db=str(db_path), checkpoint_signals=5)
     expected_purged = dict.fromkeys(range(6), 0)
     for round_ in range(3):
@@ -370,6 +371,34 @@ async def test_purge_and_erase_find_rows_across_summaries_and_restarts(
         assert (await c.erase(2)).signals == 0
     await server.shutdown()
     with sqlite3.connect(db_path) as db:
-        lines = db.execute("SELECT upto, seqs FROM user_rows WHERE user_id = 2").fetchall()
-        assert lines == []  # an erased user leaves no trace of where their rows were
-        assert len({upto for (upto,) in db.execute("SELECT upto FROM user_rows")}) >= 10
+        blocks = db.execute("SELECT first_seq, users FROM ledger_users").fetchall()
+    assert len(blocks) >= 25
+    listed = [user for _, block in blocks for user in array("q", block)]
+    assert 2 not in listed and 3 in listed  # an erased user leaves no trace of their rows
+
+
+async def test_a_version_2_database_gets_its_past_findable(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade: the rows already there are listed by user at boot, leaves become history."""
+    monkeypatch.setattr(userrows, "BLOCK", 4)
+    with sqlite3.connect(db_path) as db:
+        for statement in MIGRATIONS[0] + MIGRATIONS[1]:
+            db.execute(statement)
+        db.execute("PRAGMA user_version = 2")
+        context = msgpack.packb([["x"], {}, []])
+        db.executemany(
+            "INSERT INTO ledger VALUES (?, ?, 'song', 'view', 1.0, 0, 1, ?)",
+            [(seq, seq % 3, context) for seq in range(1, 11)],
+        )
+        db.execute("INSERT INTO memberships VALUES (7, 1, 1234)")
+    server = Server(Config(port=0, db=str(db_path)))
+    await server.start()
+    try:
+        async with await Client.connect(*server.address) as c:
+            assert (await c.counts("song")).communities == {"x": {"view": Tally(10, 10.0)}}
+            assert (await c.purge(1)).signals == 4  # seqs 1, 4, 7 and 10
+            assert as_dict(await c.counts("song")) == recompute(db_path, "song")
+            assert await c.history(7) == [Event("leave", 1234, None)]
+    finally:
+        await server.shutdown()
