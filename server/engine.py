@@ -311,6 +311,7 @@ class Engine:
         self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
         for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
+            log.info("%s", w)  # rare, and asked for: worth a line each
             self.aggregates.withdraw(w.live)
             if w.erase:
                 self.keys.erased(w.user_id, w.before_seq, w.keys)

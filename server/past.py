@@ -48,6 +48,11 @@ class Withdrawal:
     table: Deltas = field(default_factory=dict)
     live: Deltas = field(default_factory=dict)
     keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
+    seconds: float = 0.0  # the writer's time on it
+
+    def __str__(self) -> str:
+        done = "erased" if self.erase else "purged"
+        return f"user {self.user_id}: {self.signals} signals {done} ({self.seconds * 1e3:.1f} ms)"
 
     def take(self, rows: Iterable[PastRow], watermark: int) -> None:
         """Withdraw ``rows`` (read by the writer); each counts as it was counted."""

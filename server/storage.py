@@ -184,6 +184,9 @@ class Storage:
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
+            # deleted content is overwritten, not left in free space: an erased user's
+            # rows must not survive in the file
+            await db.execute("PRAGMA secure_delete=ON")
             await schema.check(db, location)
             await schema.migrate(db, location)
         except sqlite3.Error as exc:
@@ -360,6 +363,7 @@ def _left_users(db: sqlite3.Connection, after: int | None, n: int) -> list[tuple
 def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_seq: int) -> None:
     """A purge or an erase: change the user's rows, and take what they added off the
     table now (rows up to ``watermark``) and off memory once committed (the rest)."""
+    began = time.perf_counter()
     user = to_db(w.user_id)
     found = _seqs_of(db, w, user, first_seq)
     seqs = json.dumps(sorted(seq for block in found.values() for seq in block))
@@ -374,6 +378,7 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
         db.executemany(
             "DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table]
         )
+    w.seconds = time.perf_counter() - began
 
 
 def _seqs_of(

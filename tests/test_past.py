@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from tidal.client import Client, Counts, Event, Tally, Unavailable
+from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
 from tidal.server import Config, Server, userrows
 from tidal.server.batch import Batch
 from tidal.server.errors import StorageFailure
@@ -402,3 +402,26 @@ async def test_a_version_2_database_gets_its_past_findable(
             assert await c.history(7) == [Event("leave", 1234, None)]
     finally:
         await server.shutdown()
+
+
+async def test_an_erased_user_s_data_is_not_left_in_the_file(db_path: Path) -> None:
+    """Deleted rows stay readable in SQLite's free space unless overwritten: look for the
+    bytes themselves once the server has stopped (and its write-ahead log is folded in)."""
+    server = Server(Config(port=0, db=str(db_path)))
+    await server.start()
+    async with await Client.connect(*server.address) as c:
+        signals = [
+            Signal(5, "song", "view", attrs={"note": "needle-5f3a"}, key=f"key-5f3a-{i}")
+            if i % 10 == 0
+            else Signal(6, "song", "view", attrs={"note": "other-77c1"})
+            for i in range(300)
+        ]  # sparse: the pages they were on stay full enough to be kept, not rebuilt
+        await c.signal_batch(signals)
+        assert (await c.erase(5)).signals == 30
+    await server.shutdown()
+    assert (
+        not Path(str(db_path) + "-wal").exists() or Path(str(db_path) + "-wal").stat().st_size == 0
+    )
+    data = db_path.read_bytes()
+    assert b"other-77c1" in data  # what was not erased is there, as it should be
+    assert b"needle-5f3a" not in data and b"key-5f3a" not in data

@@ -1,0 +1,126 @@
+"""The cost of a leaver's past: purge and erase of users with 10,000 rows each, in a
+1,000,000-row ledger, and what the other clients' signals feel meanwhile.
+
+Each purge or erase logs the writer's time on it; the p50/p99 of 16x16 signals
+are measured with purges running and, on an identical copy of the database,
+without. Run alone: ``python bench/past.py`` prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from tidal.cli.child import Child, start
+from tidal.client import SyncClient
+
+VENV_BIN = Path(sys.executable).parent
+TIDAL = str(VENV_BIN / "tidal")
+HEAVY = 10_000_000  # heavy users are HEAVY + 0..19, 10,000 rows each in a 1M-row ledger
+
+
+def serve(db: Path) -> Child:
+    return start([TIDAL, "serve", "--port", "0", "--db", str(db)])
+
+
+def stop(server: Child) -> None:
+    server.proc.terminate()
+    server.proc.wait(60)
+
+
+def build(db: Path, rows: int) -> None:
+    """A ledger of ``rows``: every 5th row is one of 20 heavy users', the rest spread over
+    100,000 users; each row names community c1 and reached cohort 1 ("de")."""
+    stop(serve(db))  # the schema, as tidal makes it
+    context = msgpack.packb([["c1"], {"country": "DE"}, [1]])
+    heavy = rows // 5 // 20
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA synchronous=OFF")
+        for start_ in range(1, rows + 1, 200_000):
+            conn.executemany(
+                "INSERT INTO ledger VALUES (?, ?, ?, 'view', 1.0, 0, 1, ?)",
+                (
+                    (s, HEAVY + (s // 5) % 20 if s % 5 == 0 else s % 100_000, f"e{s % 1000}",
+                     context)
+                    for s in range(start_, min(rows + 1, start_ + 200_000))
+                ),
+            )  # fmt: skip
+        for layer, key in ((0, "''"), (1, "1"), (2, "'c1'")):
+            conn.execute(
+                f"INSERT INTO aggregates SELECT entity, {layer}, {key}, kind, COUNT(*),"
+                " SUM(weight) FROM ledger GROUP BY entity, kind"
+            )
+        conn.execute("INSERT INTO cohorts VALUES (1, 'de', ?)", (msgpack.packb({"country": "DE"}),))
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('next_cohort_id', 2)")
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('aggregates_seq', ?)", (rows,))
+    assert heavy == 10_000 or rows != 1_000_000
+
+
+def load(port: int, requests: int) -> dict[str, Any]:
+    done = subprocess.run(
+        [TIDAL, "bench", "--port", str(port), "-c", "16", "-P", "16", "-n", str(requests),
+         "--json"],
+        capture_output=True, text=True, check=True, timeout=900,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def past_figures(scale: float = 1.0) -> dict[str, Any]:
+    rows = max(100_000, int(1_000_000 * min(scale, 1.0)))
+    requests = max(20_000, int(150_000 * scale))
+    out: dict[str, Any] = {"ledger_rows": rows, "user_rows": rows // 100}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-past-") as tmp:
+        built = Path(tmp) / "built.db"
+        build(built, rows)
+        for label in ("without", "with"):
+            db = Path(tmp) / f"{label}.db"
+            shutil.copy(built, db)
+            began = time.perf_counter()
+            server = serve(db)
+            out.setdefault("boot_s", round(time.perf_counter() - began, 2))  # blocks listed
+            try:
+                if label == "without":
+                    out["signals_alone"] = load(server.port, requests)
+                    continue
+                latencies: dict[str, list[float]] = {"purge": [], "erase": []}
+                result: dict[str, Any] = {}
+                loading = threading.Thread(
+                    target=lambda: result.update(load(server.port, requests))
+                )
+                loading.start()
+                with SyncClient("127.0.0.1", server.port, timeout=60) as c:
+                    for i in range(20):
+                        method = "purge" if i < 10 else "erase"
+                        began = time.perf_counter()
+                        done = getattr(c, method)(HEAVY + i)
+                        latencies[method].append(time.perf_counter() - began)
+                        assert done.signals == rows // 100, done
+                loading.join()
+                out["signals_during"] = result
+                log = "".join(server.log)
+                for method in ("purge", "erase"):
+                    ms = [float(m) for m in re.findall(rf"{method}d \(([\d.]+) ms\)", log)]
+                    out[method] = {
+                        "writer_ms_median": sorted(ms)[len(ms) // 2],
+                        "writer_ms_max": max(ms),
+                        "reply_ms_median": sorted(latencies[method])[5] * 1e3,
+                    }
+            finally:
+                stop(server)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(past_figures(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0), indent=1))
