@@ -77,6 +77,10 @@ def load(port: int, requests: int) -> dict[str, Any]:
     return result
 
 
+def _load_into(result: dict[str, Any], port: int, requests: int) -> None:
+    result.update(load(port, requests))
+
+
 def past_figures(scale: float = 1.0) -> dict[str, Any]:
     rows = max(100_000, int(1_000_000 * min(scale, 1.0)))
     requests = max(20_000, int(150_000 * scale))
@@ -96,9 +100,7 @@ def past_figures(scale: float = 1.0) -> dict[str, Any]:
                     continue
                 latencies: dict[str, list[float]] = {"purge": [], "erase": []}
                 result: dict[str, Any] = {}
-                loading = threading.Thread(
-                    target=lambda: result.update(load(server.port, requests))
-                )
+                loading = threading.Thread(target=_load_into, args=(result, server.port, requests))
                 loading.start()
                 with SyncClient("127.0.0.1", server.port, timeout=60) as c:
                     for i in range(20):
