@@ -28,6 +28,9 @@ from typing import Any
 
 from tidal.cli.child import Child, start
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from past import past_figures
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 TIDAL = str(VENV_BIN / "tidal")
@@ -187,6 +190,7 @@ def run_all(scale: float, repeats: int) -> dict[str, Any]:
         "extra": {name: median(runs) for name, runs in extra_runs.items()},
         "boot": boot_figures(scale),
         "counts": counts_figures(scale),
+        "past": past_figures(scale),
     }
 
 
@@ -480,6 +484,7 @@ def report(results: dict[str, Any]) -> str:
             f"| counts, ledger of {name} (16x16) | {r['requests_per_s']:,.0f} req/s"
             f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |"
         )
+    lines += past_report(results.get("past"))
     lines += [
         "",
         "Redis has no `signal_batch`: its row is 1,000 pipelined script calls per round trip.",
@@ -489,6 +494,35 @@ def report(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def past_report(past: dict[str, Any] | None) -> list[str]:
+    if not past:
+        return []
+    alone, during = past["signals_alone"], past["signals_during"]
+    return [
+        "",
+        "## Purge and erase",
+        "",
+        f"Ten purges, then ten erasures, of users with {past['user_rows']:,} rows each in a"
+        f" {past['ledger_rows']:,}-row ledger, one after another, under a 16x16 signal load"
+        " (`bench/past.py`); the writer's time is what tidal logs for each.",
+        "",
+        "| | writer ms (median, max) | reply ms (median) |",
+        "|---|---:|---:|",
+        *(
+            f"| {m} | {past[m]['writer_ms_median']:.0f}, {past[m]['writer_ms_max']:.0f}"
+            f" | {past[m]['reply_ms_median']:.0f} |"
+            for m in ("purge", "erase")
+        ),
+        "",
+        "| other clients' signals, 16x16 | signals/s | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|",
+        f"| alone | {alone['signals_per_s']:,.0f} | {alone['p50_ms']:.2f}"
+        f" | {alone['p99_ms']:.2f} |",
+        f"| while purging and erasing | {during['signals_per_s']:,.0f} | {during['p50_ms']:.2f}"
+        f" | {during['p99_ms']:.2f} |",
+    ]
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
