@@ -28,8 +28,8 @@ from typing import Any
 
 from tidal.cli.child import Child, start
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from past import past_figures
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as bench/run.py
+from bench.past import past_figures
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
