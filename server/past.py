@@ -17,7 +17,7 @@ read after it takes off what it withdraws, once that is known, before answering
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
@@ -56,12 +56,20 @@ class Withdrawal:
 
     def take(self, rows: Iterable[PastRow], watermark: int) -> None:
         """Withdraw ``rows`` (read by the writer); each counts as it was counted."""
+        reached: dict[bytes | None, tuple[list[str], list[int]]] = {}  # contexts repeat
         for seq, entity, kind, weight, forwarded, context in rows:
             into = self.table if seq <= watermark else self.live
             tallies = into.get(entity)
             if tallies is None:
                 tallies = into[entity] = {}
-            communities, _, cohorts = ledger.decode(context) if forwarded else ((), {}, ())
+            communities: Sequence[str] = ()
+            cohorts: Sequence[int] = ()
+            if forwarded:
+                known = reached.get(context)
+                if known is None:
+                    names, _, ids = ledger.decode(context)
+                    known = reached[context] = (names, ids)
+                communities, cohorts = known
             ledger.withdraw(
                 tallies, kind, ledger.row_weight(weight), cohorts, communities,
                 ledger_too=self.erase,
