@@ -14,7 +14,7 @@ import msgpack
 import pytest
 
 from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
-from tidal.server import Config, Server, userrows
+from tidal.server import Config, Server, retention, userrows
 from tidal.server.batch import Batch
 from tidal.server.errors import StorageFailure
 from tidal.server.schema import MIGRATIONS
@@ -263,7 +263,10 @@ async def ledger_rows(db: Path) -> list[Any]:
     return await asyncio.to_thread(read)
 
 
-async def test_retention_deletes_old_rows_and_leaves_counts_alone(db_path: Path) -> None:
+async def test_retention_deletes_old_rows_and_leaves_counts_alone(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "RETIRE_ROWS", 2)  # chunk after chunk, until caught up
     now = [1_700_000_000 * 10**9]
     day = 86_400 * 10**9
     config = Config(port=0, db=str(db_path), checkpoint_signals=2)
