@@ -310,7 +310,8 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
         if batch.checkpoint is not None:
             _write_all(db, _AGGREGATES, _rows_of(batch.checkpoint))
             db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
-        db.executemany(_PUT_BLOCK, batch.users_blocks)
+        if batch.users_blocks:
+            db.executemany(_PUT_BLOCK, batch.users_blocks)
         if batch.past or batch.retire is not None:
             # after the checkpoint: what it wrote is the table these rows are withdrawn from
             watermark = _watermark(db)
@@ -321,11 +322,9 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
                 _withdraw(db, withdrawal, watermark, batch.first_seq)
             if batch.retire is not None:
                 _retire(db, batch, watermark)
-        _write_all(
-            db,
-            _HISTORY,
-            [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history],
-        )
+        if batch.history:
+            lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
+            _write_all(db, _HISTORY, lines)
         db.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
