@@ -328,6 +328,4 @@ class Engine:
     def failed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
-        if batch.retire is not None:
-            self.retention.done(None)
         self._next_seq = batch.first_seq

@@ -61,10 +61,9 @@ class Retention:
             self._committer.wake()
         self._schedule(min(PASS_MAX_SECONDS, max(PASS_MIN_SECONDS, self.seconds / 10)))
 
-    def done(self, retired: int | None) -> None:
-        """A chunk committed (``retired`` rows), or failed (None: the next pass retries)."""
-        if retired is None:
-            return
+    def done(self, retired: int) -> None:
+        """A chunk committed, deleting ``retired`` rows. (One that failed is tried again at
+        the next pass.)"""
         self.retired += retired
         if retired >= RETIRE_ROWS:
             self.caught_up.clear()

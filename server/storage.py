@@ -364,14 +364,13 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
     table now (rows up to ``watermark``) and off memory once committed (the rest)."""
     began = time.perf_counter()
     user = to_db(w.user_id)
-    found = _seqs_of(db, w, user, first_seq)
-    seqs = json.dumps(sorted(seq for block in found.values() for seq in block))
+    blocks, seqs = _seqs_of(db, w, user, first_seq)
+    listed = json.dumps(seqs)
     if w.erase:
-        w.keys = db.execute(_ERASE_KEYS, (seqs,)).fetchall()
-        for first, block in db.execute(_BLOCKS, (w.before_seq,)).fetchall():
-            if found.get(first):
-                db.execute(_PUT_BLOCK, (first, userrows.blank(block, first, found[first])))
-    w.take(db.execute(_ERASE if w.erase else _PURGE, (seqs, user)).fetchall(), watermark)
+        w.keys = db.execute(_ERASE_KEYS, (listed,)).fetchall()
+        for first, (block, mine) in blocks.items():  # no trace of the user in the blocks
+            db.execute(_PUT_BLOCK, (first, userrows.blank(block, first, mine)))
+    w.take(db.execute(_ERASE if w.erase else _PURGE, (listed, user)).fetchall(), watermark)
     if w.table:
         _write_all(db, _AGGREGATES, _rows_of(w.table))
         db.executemany(
@@ -382,16 +381,20 @@ def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_
 
 def _seqs_of(
     db: sqlite3.Connection, w: past.Withdrawal, user: int, first_seq: int
-) -> dict[int, list[int]]:
-    """The user's rows read before ``w``, by the block that lists them (0: not in a block):
-    in the blocks of ``ledger_users``, in memory past them (``w.recent``), in this batch."""
-    found = {first: userrows.find(block, first, user) for first, block in db.execute(
-        _BLOCKS, (w.before_seq,))}  # fmt: skip
-    mine = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
-    rest = set(w.recent)
-    rest.update(seq for (seq,) in db.execute(mine, (first_seq, w.before_seq, user)))
-    found[0] = [seq for seq in rest if seq < w.before_seq]
-    return found
+) -> tuple[dict[int, tuple[bytes, list[int]]], list[int]]:
+    """The user's rows read before ``w``: in the blocks of ``ledger_users`` (returned too,
+    those that list the user, with where), in memory past them (``w.recent``), and in
+    this batch."""
+    blocks = {}
+    seqs = set(w.recent)
+    for first, block in db.execute(_BLOCKS, (w.before_seq,)):
+        mine = userrows.find(block, first, user)
+        if mine:
+            blocks[first] = (block, mine)
+            seqs.update(mine)
+    in_batch = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
+    seqs.update(seq for (seq,) in db.execute(in_batch, (first_seq, w.before_seq, user)))
+    return blocks, sorted(seq for seq in seqs if seq < w.before_seq)
 
 
 def _catch_up_blocks(db: sqlite3.Connection, next_seq: int) -> tuple[int, list[int]]:
