@@ -37,7 +37,8 @@ from .params import SignalArgs
 from .past import ERASE, LEAVE, PURGE, REJOIN, Event, Outcome, Withdrawal
 from .reads import Reads
 from .retention import Retention
-from .storage import Snapshot, Storage, to_db
+from .sqlbulk import to_db
+from .storage import Snapshot, Storage
 from .userrows import UserRows
 
 log = logging.getLogger("tidal.engine")

@@ -10,93 +10,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
-import json
 import logging
 import os
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 import aiosqlite
 import msgpack
 
-from . import past, schema, userrows
-from .aggregates import CountsRead, Deltas
+from . import past, schema, storage_past
+from .aggregates import CountsRead
 from .batch import Batch
 from .config import Durability
 from .errors import StorageFailure
+from .sqlbulk import AGGREGATES, SET_META, Bulk, from_db, rows_of, table_watermark, to_db, write_all
 
 log = logging.getLogger("tidal.storage")
 
 T = TypeVar("T")
 
-_U64: Final = 2**64
-_I64_MAX: Final = 2**63 - 1
 
-
-class _Bulk(NamedTuple):
-    """A write of many rows: ``head`` + rows of ``width`` placeholders + ``tail``."""
-
-    head: str
-    width: int
-    tail: str = ""
-
-
-_LEDGER: Final = _Bulk(
+_LEDGER: Final = Bulk(
     "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context) VALUES ",
     8,
 )
-_AGGREGATES: Final = _Bulk(
-    "INSERT INTO aggregates (entity, layer, key, kind, count, weight) VALUES ",
-    6,
-    " ON CONFLICT DO UPDATE SET count = count + excluded.count, weight = weight + excluded.weight",
-)
-_MEMBERSHIPS: Final = _Bulk(
+_MEMBERSHIPS: Final = Bulk(
     "INSERT INTO memberships (user_id, left, left_at_ns) VALUES ",
     3,
     " ON CONFLICT DO UPDATE SET left = excluded.left, left_at_ns = excluded.left_at_ns",
 )
-_KEYS: Final = _Bulk("INSERT OR REPLACE INTO signal_keys (key, seq, forwarded, ts_ns) VALUES ", 4)
-_BULK_ROWS: Final = 512  # rows per statement: 512 x 8 parameters, well under SQLite's 32766
+_KEYS: Final = Bulk("INSERT OR REPLACE INTO signal_keys (key, seq, forwarded, ts_ns) VALUES ", 4)
 _SELECT_COUNTS: Final = """
     SELECT layer, key, kind, count, weight FROM aggregates
     WHERE entity = ? ORDER BY layer, key, kind LIMIT ?"""
 _SELECT_COUNTS_AFTER: Final = """
     SELECT layer, key, kind, count, weight FROM aggregates
     WHERE entity = ? AND (layer, key, kind) > (?, ?, ?) ORDER BY layer, key, kind LIMIT ?"""
-_HISTORY: Final = _Bulk("INSERT INTO history (user_id, at_ns, event, signals) VALUES ", 4)
-_SELECT_HISTORY: Final = """
-    SELECT at_ns, event, signals FROM history
-    WHERE user_id = ? AND at_ns > ? ORDER BY at_ns LIMIT ?"""
-# Left users in unsigned order: ids below 2**63 (stored as they are), then those above
-# (stored negative)
-_SELECT_LEFT: Final = """
-    SELECT user_id, left_at_ns FROM memberships
-    WHERE left = 1 AND user_id BETWEEN ? AND ? ORDER BY user_id LIMIT ?"""
-# a user's rows, by seq: given as one JSON array, so that one statement takes them all
-_SEQS: Final = "seq IN (SELECT value FROM json_each(?)) AND user_id = ?"
-_PURGE: Final = f"""
-    UPDATE ledger SET forwarded = 0 WHERE {_SEQS} AND forwarded = 1
-    RETURNING seq, entity, kind, weight, 1, context"""
-_ERASE: Final = f"""
-    DELETE FROM ledger WHERE {_SEQS}
-    RETURNING seq, entity, kind, weight, forwarded, context"""
-_ERASE_KEYS: Final = """
-    DELETE FROM signal_keys WHERE seq IN (SELECT value FROM json_each(?)) RETURNING key, seq"""
-_BLOCKS: Final = "SELECT first_seq, users FROM ledger_users WHERE first_seq < ?"
-_PUT_BLOCK: Final = "INSERT OR REPLACE INTO ledger_users (first_seq, users) VALUES (?, ?)"
-_RETIRE_BLOCKS: Final = """
-    DELETE FROM ledger_users WHERE first_seq IN (
-        SELECT first_seq FROM ledger_users WHERE first_seq <= ? LIMIT ?)"""
-_RETIRE: Final = """
-    DELETE FROM ledger WHERE seq IN (
-        SELECT seq FROM ledger WHERE seq <= ? AND ts_ns < ? ORDER BY seq LIMIT ?)"""
 _LOAD_CHUNK: Final = 500_000
 _SELECT_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id >= 0"
@@ -104,19 +59,10 @@ _SELECT_MEMBERS: Final = (
 _SELECT_HIGH_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id < 0"
 )
-_SET_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
 )
-
-
-def to_db(user_id: int) -> int:
-    return user_id - _U64 if user_id > _I64_MAX else user_id
-
-
-def from_db(value: int) -> int:
-    return value + _U64 if value < 0 else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +209,7 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
     ((rows,),) = db.execute("SELECT COUNT(*) FROM ledger")
     last_event = db.execute("SELECT at_ns FROM history ORDER BY rowid DESC LIMIT 1").fetchone()
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
-    next_block, users_tail = _catch_up_blocks(db, next_seq)
+    next_block, users_tail = storage_past.catch_up_blocks(db, next_seq)
     return Snapshot(
         left,
         rejoined,
@@ -287,44 +233,44 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
             _read_counts(db, read)
         elif isinstance(read, past.HistoryRead):
             args = (to_db(read.user_id), read.after_ns, read.limit)
-            read.rows = db.execute(_SELECT_HISTORY, args).fetchall()
+            read.rows = db.execute(storage_past.SELECT_HISTORY, args).fetchall()
         else:
-            read.rows = _left_users(db, read.after, read.wanted())
+            read.rows = storage_past.left_users(db, read.after, read.wanted())
     if not batch.writes and batch.checkpoint is None and batch.retire is None:
         return False
     db.execute("BEGIN IMMEDIATE")
     try:
-        _write_all(db, _LEDGER, batch.ledger)
-        _write_all(
+        write_all(db, _LEDGER, batch.ledger)
+        write_all(
             db,
             _MEMBERSHIPS,
             [(to_db(u), int(left), at) for u, (left, at) in batch.memberships.items()],
         )
         if batch.cohorts:
             _write_cohorts(db, batch)
-        _write_all(db, _KEYS, batch.keys)
+        write_all(db, _KEYS, batch.keys)
         if batch.probe:
-            db.execute(_SET_META, ("health_probe_ns", time.time_ns()))
+            db.execute(SET_META, ("health_probe_ns", time.time_ns()))
         if batch.forget_keys_before is not None:
             db.execute("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
         if batch.checkpoint is not None:
-            _write_all(db, _AGGREGATES, _rows_of(batch.checkpoint))
-            db.execute(_SET_META, ("aggregates_seq", batch.checkpoint_seq))
+            write_all(db, AGGREGATES, rows_of(batch.checkpoint))
+            db.execute(SET_META, ("aggregates_seq", batch.checkpoint_seq))
         if batch.users_blocks:
-            db.executemany(_PUT_BLOCK, batch.users_blocks)
+            db.executemany(storage_past.PUT_BLOCK, batch.users_blocks)
         if batch.past or batch.retire is not None:
             # after the checkpoint: what it wrote is the table these rows are withdrawn from
-            watermark = _watermark(db)
+            watermark = table_watermark(db)
             # rows are about to go, maybe the newest: a seq once acknowledged is never
             # given again, so the next boot must not take its next seq from what is left
-            db.execute(_SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
+            db.execute(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
             for withdrawal in batch.past:
-                _withdraw(db, withdrawal, watermark, batch.first_seq)
+                storage_past.withdraw(db, withdrawal, watermark, batch.first_seq)
             if batch.retire is not None:
-                _retire(db, batch, watermark)
+                storage_past.retire(db, batch, watermark)
         if batch.history:
             lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
-            _write_all(db, _HISTORY, lines)
+            write_all(db, storage_past.HISTORY, lines)
         db.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
@@ -340,132 +286,7 @@ def _read_counts(db: sqlite3.Connection, read: CountsRead) -> None:
     else:
         query, args = _SELECT_COUNTS_AFTER, (read.entity, *read.after, read.limit + 1)
     read.rows = db.execute(query, args).fetchall()
-    read.table_watermark = _watermark(db)
-
-
-def _left_users(db: sqlite3.Connection, after: int | None, n: int) -> list[tuple[int, int]]:
-    """The first ``n`` Left users past ``after``, in unsigned user_id order."""
-    start = 0 if after is None else after + 1
-    if start <= _I64_MAX:
-        ranges = [(start, _I64_MAX), (-_I64_MAX - 1, -1)]
-    else:  # only ids of 2**63 and above are left (past the last id: an empty range)
-        ranges = [(to_db(start), -1)]
-    rows: list[tuple[int, int]] = []
-    for low, high in ranges:
-        for uid, at in db.execute(_SELECT_LEFT, (low, high, n - len(rows))):
-            rows.append((from_db(uid), at))
-        if len(rows) >= n:
-            break
-    return rows
-
-
-def _withdraw(db: sqlite3.Connection, w: past.Withdrawal, watermark: int, first_seq: int) -> None:
-    """A purge or an erase: change the user's rows, and take what they added off the
-    table now (rows up to ``watermark``) and off memory once committed (the rest)."""
-    began = time.perf_counter()
-    user = to_db(w.user_id)
-    blocks, seqs = _seqs_of(db, w, user, first_seq)
-    listed = json.dumps(seqs)
-    if w.erase:
-        w.keys = db.execute(_ERASE_KEYS, (listed,)).fetchall()
-        for first, (block, mine) in blocks.items():  # no trace of the user in the blocks
-            db.execute(_PUT_BLOCK, (first, userrows.blank(block, first, mine)))
-    w.take(db.execute(_ERASE if w.erase else _PURGE, (listed, user)).fetchall(), watermark)
-    if w.table:
-        _write_all(db, _AGGREGATES, _rows_of(w.table))
-        db.executemany(
-            "DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table]
-        )
-    w.seconds = time.perf_counter() - began
-
-
-def _seqs_of(
-    db: sqlite3.Connection, w: past.Withdrawal, user: int, first_seq: int
-) -> tuple[dict[int, tuple[bytes, list[int]]], list[int]]:
-    """The user's rows read before ``w``: in the blocks of ``ledger_users`` (returned too,
-    those that list the user, with where), in memory past them (``w.recent``), and in
-    this batch."""
-    blocks = {}
-    seqs = set(w.recent)
-    for first, block in db.execute(_BLOCKS, (w.before_seq,)):
-        mine = userrows.find(block, first, user)
-        if mine:
-            blocks[first] = (block, mine)
-            seqs.update(mine)
-    in_batch = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
-    seqs.update(seq for (seq,) in db.execute(in_batch, (first_seq, w.before_seq, user)))
-    return blocks, sorted(seq for seq in seqs if seq < w.before_seq)
-
-
-def _catch_up_blocks(db: sqlite3.Connection, next_seq: int) -> tuple[int, list[int]]:
-    """Write the blocks of ``ledger_users`` that rows already written fill (a database
-    from before the table, or rows committed since the last block); the users past them."""
-    ((last,),) = db.execute("SELECT MAX(first_seq) FROM ledger_users")
-    start = 1 if last is None else last + userrows.BLOCK
-    rows = "SELECT seq, user_id FROM ledger WHERE seq >= ? AND seq < ? ORDER BY seq"
-
-    def users(first: int, end: int) -> list[int]:
-        listed = dict(db.execute(rows, (first, end)).fetchall())
-        return [listed.get(seq, 0) for seq in range(first, end)]  # an erased row: 0
-
-    blocks = 0
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        while start + userrows.BLOCK <= next_seq:
-            block = userrows.pack(users(start, start + userrows.BLOCK))
-            db.execute(_PUT_BLOCK, (start, block))
-            start += userrows.BLOCK
-            blocks += 1
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    if blocks > 1:
-        log.info("listed the users of %d ledger rows in ledger_users", blocks * userrows.BLOCK)
-    return start, users(start, next_seq)
-
-
-def _retire(db: sqlite3.Connection, batch: Batch, watermark: int) -> None:
-    """A chunk of ledger retention; then the blocks of ``ledger_users`` no row is left in."""
-    assert batch.retire is not None
-    before_ns, most = batch.retire
-    batch.retired = db.execute(_RETIRE, (watermark, before_ns, most)).rowcount
-    ((first,),) = db.execute("SELECT MIN(seq) FROM ledger")
-    first = first if first is not None else watermark + 1
-    db.execute(_RETIRE_BLOCKS, (first - userrows.BLOCK, most))
-
-
-def _rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:
-    return [
-        (entity, layer, key, kind, count, weight)
-        for entity, slots in deltas.items()
-        for (layer, key, kind), (count, weight) in slots.items()
-        if count
-    ]
-
-
-def _write_all(db: sqlite3.Connection, bulk: _Bulk, rows: Sequence[tuple[Any, ...]]) -> None:
-    """``executemany`` without its cost here: it binds and steps one row at a time and
-    takes the GIL back for every row, and with the event loop busy each of those is a
-    wait (measured: 84-265 ms for 128 ledger rows, against 14 ms in one statement).
-    Rows go in statements of a power-of-two size, so a handful of shapes stay cached."""
-    done, total = 0, len(rows)
-    while done < total:
-        size = min(_BULK_ROWS, 1 << ((total - done).bit_length() - 1))
-        flat = list(itertools.chain.from_iterable(rows[done : done + size]))
-        db.execute(_statement(bulk, size), flat)
-        done += size
-
-
-@functools.lru_cache(maxsize=128)
-def _statement(bulk: _Bulk, rows: int) -> str:
-    row = "(" + ", ".join("?" * bulk.width) + ")"
-    return bulk.head + ", ".join([row] * rows) + bulk.tail
-
-
-def _watermark(db: sqlite3.Connection) -> int:
-    row = db.execute("SELECT value FROM meta WHERE key = 'aggregates_seq'").fetchone()
-    return int(row[0]) if row else 0
+    read.table_watermark = table_watermark(db)
 
 
 def _write_cohorts(db: sqlite3.Connection, batch: Batch) -> None:
@@ -480,4 +301,4 @@ def _write_cohorts(db: sqlite3.Connection, batch: Batch) -> None:
     if defined:
         db.executemany(_UPSERT_COHORT, defined)
     if batch.next_cohort_id is not None:
-        db.execute(_SET_META, ("next_cohort_id", batch.next_cohort_id))
+        db.execute(SET_META, ("next_cohort_id", batch.next_cohort_id))
