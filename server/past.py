@@ -90,7 +90,12 @@ class Event:
         return None if self.withdrawal is None else self.withdrawal.signals
 
     def wire(self) -> dict[str, Any]:
-        return {"event": EVENTS[self.event], "at_ns": self.at_ns, "signals": self.signals()}
+        return line(self.at_ns, self.event, self.signals())
+
+
+def line(at_ns: int, event: int, signals: int | None) -> dict[str, Any]:
+    """A history line as ``history`` answers it."""
+    return {"event": EVENTS[event], "at_ns": at_ns, "signals": signals}
 
 
 @dataclass(slots=True)
@@ -145,7 +150,7 @@ class HistoryRead(Later):
     rows: list[tuple[int, int, int | None]] = field(default_factory=list)  # at, event, n
 
     def answer(self) -> list[dict[str, Any]]:
-        lines = [{"event": EVENTS[e], "at_ns": at, "signals": n} for at, e, n in self.rows]
+        lines = [line(*row) for row in self.rows]
         # event times increase across all events: the batch's come after the table's
         lines += [e.wire() for e in self.pending if e.at_ns > self.after_ns]
         return lines[: self.limit]

@@ -52,6 +52,9 @@ _SELECT_COUNTS: Final = """
 _SELECT_COUNTS_AFTER: Final = """
     SELECT layer, key, kind, count, weight FROM aggregates
     WHERE entity = ? AND (layer, key, kind) > (?, ?, ?) ORDER BY layer, key, kind LIMIT ?"""
+_ADD_META: Final = """
+    INSERT INTO meta (key, value) VALUES (?, ?)
+    ON CONFLICT DO UPDATE SET value = value + excluded.value"""
 _LOAD_CHUNK: Final = 500_000
 _SELECT_MEMBERS: Final = (
     "SELECT user_id, left_at_ns FROM memberships WHERE left = ? AND user_id >= 0"
@@ -206,9 +209,9 @@ def _load(db: sqlite3.Connection, keys_since_ns: int, max_keys: int) -> Snapshot
         (keys_since_ns, max_keys),
     ).fetchall()
     keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
-    ((rows,),) = db.execute("SELECT COUNT(*) FROM ledger")
     last_event = db.execute("SELECT at_ns FROM history ORDER BY rowid DESC LIMIT 1").fetchone()
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
+    rows = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
     next_block, users_tail = storage_past.catch_up_blocks(db, next_seq)
     return Snapshot(
         left,
@@ -268,6 +271,9 @@ def _apply(db: sqlite3.Connection, batch: Batch) -> bool:
                 storage_past.withdraw(db, withdrawal, watermark, batch.first_seq)
             if batch.retire is not None:
                 storage_past.retire(db, batch, watermark)
+            deleted = batch.retired + sum(w.signals for w in batch.past if w.erase)
+            if deleted:  # so that boot knows how many rows there are without counting them
+                db.execute(_ADD_META, ("ledger_deleted", deleted))
         if batch.history:
             lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
             write_all(db, storage_past.HISTORY, lines)
