@@ -257,26 +257,17 @@ class Client:
         return await _request(protocol, method, list(params), limit)
 
     async def _send(self, call: Call) -> Any:
-        """Send a built call. A repeatable one survives dropped connections (a few: a
-        reconnect can land on a server that is still going down, and be reset); any call
-        is asked again while the server says it is starting (it applied nothing)."""
-        lost = waited = 0
-        delay = RECONNECT_FIRST_DELAY
+        """Send a built call, and again as ``requests.Retries`` says."""
+        retries = requests.Retries(call, RETRIES, self._reconnect_attempts, RECONNECT_FIRST_DELAY)
         while True:
             try:
                 return await self.call(call.method, *call.params)
-            except ConnectFailed:
-                raise  # reconnecting already tried, with backoff
-            except ConnectionLost:
-                lost += 1
-                if not call.repeatable or self._closed or lost == RETRIES:
+            except (ConnectionLost, Unavailable) as exc:
+                delay = retries.after(exc, self._closed)
+                if delay is None:
                     raise
-            except Unavailable as exc:
-                if not exc.starting or waited == self._reconnect_attempts:
-                    raise
-                waited += 1
-                await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
-                delay *= 2
+                if delay:
+                    await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
 
     # -- one method per RPC ----------------------------------------------
 

@@ -8,8 +8,33 @@ from typing import Any, NamedTuple
 
 from tidal.protocol.limits import USER_ID_MAX
 
-from .errors import InvalidArgument
+from .errors import ConnectFailed, ConnectionLost, InvalidArgument, Unavailable
 from .types import Scalar, Signal, _context
+
+
+class Retries:
+    """When a failed call is sent again; both clients follow it. A repeatable call survives
+    dropped connections (a few: a reconnect can land on a server that is still going
+    down, and be reset); any call is asked again, with backoff, while the server says it
+    is starting (it applied nothing)."""
+
+    def __init__(self, call: Call, lost: int, starting: int, first_delay: float) -> None:
+        self._repeatable = call.repeatable
+        self._lost, self._starting = lost, starting
+        self._delay = first_delay
+
+    def after(self, exc: Exception, closed: bool) -> float | None:
+        """Seconds to wait before sending again, or None: give up, raise ``exc``."""
+        if isinstance(exc, ConnectFailed):
+            return None  # reconnecting already tried, with backoff
+        if isinstance(exc, ConnectionLost):
+            self._lost -= 1
+            return 0.0 if self._repeatable and not closed and self._lost > 0 else None
+        if isinstance(exc, Unavailable) and exc.starting and self._starting > 0:
+            self._starting -= 1
+            delay, self._delay = self._delay, self._delay * 2
+            return delay
+        return None
 
 
 class Call(NamedTuple):

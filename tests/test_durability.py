@@ -38,6 +38,18 @@ def wrap_commit(
     storage.commit = commit  # type: ignore[method-assign]
 
 
+def fail_once(server: Server, when: Callable[[Batch], bool]) -> None:
+    """Fault injection: the first commit of a batch ``when`` picks fails as a full disk does."""
+    failures = [StorageFailure("database or disk is full", transient=True)]
+
+    async def flaky(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if when(batch) and failures:
+            raise failures.pop()
+        await real(batch)
+
+    wrap_commit(server, flaky)
+
+
 async def test_writes_from_many_connections_share_commits(server: Server) -> None:
     host, port = server.address
     clients = [await Client.connect(host, port) for _ in range(20)]
@@ -81,14 +93,7 @@ async def test_a_read_waits_for_the_commit_of_a_write_it_can_see(server: Server)
 
 
 async def test_a_transient_commit_failure_refuses_and_forgets_the_writes(server: Server) -> None:
-    failures = [StorageFailure("database or disk is full", transient=True)]
-
-    async def flaky(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
-        if batch.writes and failures:
-            raise failures.pop()
-        await real(batch)
-
-    wrap_commit(server, flaky)
+    fail_once(server, lambda batch: bool(batch.writes))
     host, port = server.address
     async with await Client.connect(host, port) as c:
         with pytest.raises(Unavailable, match="disk is full"):

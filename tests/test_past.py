@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from array import array
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,11 @@ import pytest
 
 from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
 from tidal.server import Config, Server, retention, userrows
-from tidal.server.batch import Batch
-from tidal.server.errors import StorageFailure
 from tidal.server.schema import MIGRATIONS
 
 from .conftest import ServerProcess
 from .rawrpc import RawPeer
-from .test_durability import wrap_commit
+from .test_durability import fail_once
 
 GOLD = {"tier": "gold"}
 
@@ -196,14 +193,7 @@ async def test_a_refused_commit_undoes_an_erase(server: Server) -> None:
     async with await Client.connect(*server.address) as c:
         await seed(c)
         await c.signal(1, "song", "like", key="kept")
-        failures = [StorageFailure("database or disk is full", transient=True)]
-
-        async def flaky(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
-            if batch.past and failures:
-                raise failures.pop()
-            await real(batch)
-
-        wrap_commit(server, flaky)
+        fail_once(server, lambda batch: bool(batch.past))
         counts_before = await c.counts("song")
         with pytest.raises(Unavailable, match="disk is full"):
             await c.erase(1)
