@@ -94,6 +94,16 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     bench.add_argument(
         "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
     )
+    bench.add_argument(
+        "--server-pid",
+        type=int,
+        help="the server's process id, when it runs here: its CPU time per signal is reported",
+    )
+    bench.add_argument(
+        "--redis-sha",
+        help="drive a Redis server instead, through the SHA of bench/signal.lua loaded there"
+        " (SCRIPT LOAD): the same requests, as Redis commands",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser, settings
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal, cast
 
 import msgpack
+
+from . import resp as resp_wire
 
 Workload = Literal["signal", "batch", "leave", "status", "mixed", "counts"]
 WORKLOADS: Final = ("signal", "batch", "leave", "status", "mixed", "counts")
@@ -40,6 +43,10 @@ class BenchConfig:
     entities: int = 1_000  # signals and counts pick entities e0 .. e{entities-1}
     token: str | None = None
     seed: int = 1
+    #: drive Redis instead, with the SHA of ``bench/signal.lua`` loaded there (see ``resp``)
+    redis_sha: str | None = None
+    #: the server's process, when local: its CPU time over the run is reported
+    server_pid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,9 @@ class BenchResult:
     p50_ms: float
     p99_ms: float
     p999_ms: float
+    #: the server's CPU time (user + system) per signal, or per request for other
+    #: workloads, in microseconds; None without ``server_pid``
+    server_cpu_us: float | None = None
 
 
 def _requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]]:
@@ -93,7 +103,8 @@ def _requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any
 
 
 class _Load(asyncio.Protocol):
-    """One connection: ``pipeline`` slots, each with its own queue of encoded requests."""
+    """One connection: ``pipeline`` slots, each with its own queue of encoded requests.
+    ``resp``: the server is Redis, each request ``replies`` commands long."""
 
     def __init__(
         self,
@@ -101,8 +112,12 @@ class _Load(asyncio.Protocol):
         latencies: list[float],
         done: Callable[[], None],
         auth: bytes = b"",
+        resp: resp_wire.Replies | None = None,
+        replies: int = 1,
     ):
         self.auth = auth  # an encoded auth request (msgid -1) to send first, if any
+        self.resp = resp
+        self.replies = replies
         self.queues = [list(reversed(q)) for q in queues]  # pop() from the end is O(1)
         self.sent_at = [0.0] * len(queues)
         self.latencies = latencies
@@ -124,6 +139,8 @@ class _Load(asyncio.Protocol):
                 out.append(queue.pop())
                 self.sent_at[slot] = now
                 self.outstanding += 1
+                if self.resp is not None:
+                    self.resp.sent(slot, self.replies)
         if out:
             self.transport.write(self.auth + b"".join(out))
         else:
@@ -131,25 +148,31 @@ class _Load(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
-        self.unpacker.feed(data)
-        out = []
-        queues, sent_at, latencies = self.queues, self.sent_at, self.latencies
-        for message in self.unpacker:
-            slot = message[1]
+        out: list[bytes] = []
+        queues, sent_at, latencies, resp = self.queues, self.sent_at, self.latencies, self.resp
+        answered: Iterator[tuple[int, Any]]
+        if resp is None:
+            self.unpacker.feed(data)
+            answered = ((message[1], message[2]) for message in self.unpacker)
+        else:
+            answered = iter(resp.feed(data))
+        for slot, error in answered:
             if slot == -1:  # the auth reply
-                if message[2] is not None:
-                    self.lost = ConnectionError(f"auth refused: {message[2]!r}")
+                if error is not None:
+                    self.lost = ConnectionError(f"auth refused: {error!r}")
                 continue
             latencies.append(now - sent_at[slot])
             self.answered += 1
-            if message[2] is not None:
+            if error is not None:
                 self.errors += 1
                 if self.errors == 1:
-                    print(f"tidal bench: error reply: {message[2]!r}", file=sys.stderr)
+                    print(f"tidal bench: error reply: {error!r}", file=sys.stderr)
             queue = queues[slot]
             if queue:
                 out.append(queue.pop())
                 sent_at[slot] = now
+                if resp is not None:
+                    resp.sent(slot, self.replies)
             else:
                 self.outstanding -= 1
         if out:
@@ -172,9 +195,13 @@ async def _setup(cfg: BenchConfig) -> None:
     """
     from tidal.client import Client
 
+    left = int(cfg.users * cfg.left_fraction)
+    if cfg.redis_sha is not None:
+        if left:
+            await resp_wire.add_to_set(cfg.host, cfg.port, "left", range(left))
+        return  # signal.lua knows its one cohort
     async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
         await client.define_cohort("bench-de", {"country": "DE"})
-        left = int(cfg.users * cfg.left_fraction)
         for start in range(0, left, 1000):
             await asyncio.gather(*(client.leave(u) for u in range(start, min(left, start + 1000))))
 
@@ -210,21 +237,35 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
             finished.set()
 
     auth = packer.pack([0, -1, "auth", [cfg.token]]) if cfg.token else b""
+    sha = cfg.redis_sha
+    replies = cfg.batch_size if cfg.workload == "batch" else 1
     for count in per_client:
         queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
         for i, (method, params) in enumerate(_requests(cfg, rng, count)):
             slot = i % cfg.pipeline
-            queues[slot].append(packer.pack([0, slot, method, params]))
-        _, conn = await loop.create_connection(
-            functools.partial(_Load, queues, latencies, one_done, auth), cfg.host, cfg.port
+            if sha is None:
+                queues[slot].append(packer.pack([0, slot, method, params]))
+            else:
+                queues[slot].append(resp_wire.equivalent(sha, method, params)[0])
+        load = functools.partial(
+            _Load,
+            queues,
+            latencies,
+            one_done,
+            auth,
+            resp_wire.Replies() if sha is not None else None,
+            replies,
         )
+        _, conn = await loop.create_connection(load, cfg.host, cfg.port)
         conns.append(conn)
+    cpu_before = _cpu_seconds(cfg.server_pid)
     began = time.perf_counter()
     for conn in conns:
         conn.start()
     reporter = asyncio.create_task(_report(conns, cfg.requests, progress)) if progress else None
     await finished.wait()
     seconds = time.perf_counter() - began
+    cpu = _cpu_seconds(cfg.server_pid) - cpu_before
     if reporter is not None:
         reporter.cancel()
         progress(cfg.requests, cfg.requests)  # type: ignore[misc]
@@ -236,6 +277,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     latencies.sort()
     signals_per_request = {"signal": 1, "batch": cfg.batch_size, "mixed": 0.95}.get(cfg.workload, 0)
     signals = int(cfg.requests * signals_per_request)
+    server_cpu_us = round(cpu / (signals or cfg.requests) * 1e6, 2) if cfg.server_pid else None
     return BenchResult(
         workload=cfg.workload,
         clients=cfg.clients,
@@ -249,7 +291,17 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
         p50_ms=round(_percentile(latencies, 0.5), 3),
         p99_ms=round(_percentile(latencies, 0.99), 3),
         p999_ms=round(_percentile(latencies, 0.999), 3),
+        server_cpu_us=server_cpu_us,
     )
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of process ``pid`` (all its threads), from /proc (Linux)."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _report(conns: list[_Load], total: int, progress: Callable[[int, int], None]) -> None:
@@ -279,4 +331,7 @@ def format_result(result: BenchResult, as_json: bool) -> str:
         f"  latency p50 {r.p50_ms:.3f} ms, p99 {r.p99_ms:.3f} ms, p99.9 {r.p999_ms:.3f} ms",
         f"  {r.errors} errors, {r.seconds:.2f} s",
     ]
+    if r.server_cpu_us is not None:
+        per = "signal" if r.signals else "request"
+        lines.append(f"  server CPU {r.server_cpu_us:.2f} µs per {per}")
     return "\n".join(lines)

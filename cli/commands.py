@@ -155,6 +155,8 @@ def bench(args: argparse.Namespace) -> int:
         left_fraction=args.left_fraction,
         entities=args.entities,
         token=args.token,
+        redis_sha=args.redis_sha,
+        server_pid=args.server_pid,
     )
     progress = load.progress_bar if sys.stderr.isatty() and not args.json else None
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from . import ledger
-from .ledger import COHORT, LEDGER, Slot
+from .ledger import COHORT, LEDGER, Row, Slot
 
 if TYPE_CHECKING:
     from .past import Pending
@@ -89,10 +89,31 @@ class Aggregates:
         self._signals = 0  # absorbed since the last checkpoint began
         self._since = time.monotonic()
 
-    def absorb(self, deltas: Deltas, signals: int) -> None:
-        """A batch committed: its deltas are now durable, in the ledger."""
-        self.tallies += merge(self.live, deltas)
+    def tally(self, entity: str) -> dict[Slot, list[Any]]:
+        """Where a signal read now is counted, once: memory is ahead of the disk, and a
+        read that must show only committed signals takes off those not yet committed
+        (``uncount``), as a failed commit does for good."""
+        mine = self.live.get(entity)
+        if mine is None:
+            mine = self.live[entity] = {}
+        return mine
+
+    def signals_committed(self, signals: int) -> None:
         self._signals += signals
+
+    def uncount(self, rows: Iterable[Row], entity: str | None = None) -> Deltas:
+        """What ``rows`` (of batches not committed) added, as negative tallies: all of it,
+        or only ``entity``'s. Each row counts as the signal did (``ledger.count``)."""
+        if entity is not None:
+            rows = [row for row in rows if row[2] == entity]
+        taken: Deltas = {}
+        for _seq, _user, row_entity, kind, weight, _ts, forwarded, context in rows:
+            mine = taken.get(row_entity)
+            if mine is None:
+                mine = taken[row_entity] = {}
+            communities, _, cohorts = ledger.decode(context if forwarded else None)
+            ledger.withdraw(mine, kind, weight, cohorts, communities, ledger_too=True)
+        return taken
 
     def withdraw(self, deltas: Deltas) -> None:
         """A purge or erase committed: take off what it withdrew from rows above the
@@ -140,21 +161,36 @@ class Aggregates:
             self.live = flushing
             self.tallies = sum(map(len, flushing.values()))
 
+    def committed_page(
+        self,
+        entity: str,
+        cohort_names: dict[int, str],
+        uncommitted: list[Row],
+        after: Slot | None,
+        limit: int,
+    ) -> CountsRead:
+        """What memory holds about ``entity`` that is committed, for the page of ``limit``
+        aggregates after ``after``: what is counted, less the ``uncommitted`` rows'. The
+        table's share is read next; no checkpoint may be committing (see ``reads``)."""
+        assert self.flushing is None
+        rest: dict[Slot, list[Any]] = {}
+        _add_copy(rest, self.live.get(entity), after)
+        _add_copy(rest, self.uncount(uncommitted, entity).get(entity), after)
+        rest = {slot: tally for slot, tally in rest.items() if tally[0]}
+        return CountsRead(entity, cohort_names, None, {}, _first(rest, limit + 1), [], after, limit)
+
     def capture(
         self,
         entity: str,
         cohort_names: dict[int, str],
-        uncommitted: Iterable[Deltas],
         pending: list[Pending],
         after: Slot | None,
         limit: int,
     ) -> CountsRead:
-        """What memory holds about ``entity`` now, for the page of ``limit`` aggregates
-        after ``after``; the writer adds the table's share later."""
+        """What memory holds about ``entity`` now, committed or not, for the page of
+        ``limit`` aggregates after ``after``; the writer adds the table's share later."""
         rest: dict[Slot, list[Any]] = {}
         _add_copy(rest, self.live.get(entity), after)
-        for deltas in uncommitted:
-            _add_copy(rest, deltas.get(entity), after)
         flushing: dict[Slot, list[Any]] = {}
         if self.flushing is not None:
             _add_copy(flushing, self.flushing.get(entity), after)

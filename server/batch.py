@@ -55,8 +55,7 @@ class Replier(Protocol):
 @dataclass(slots=True)
 class Batch:
     first_seq: int
-    ledger: list[Row] = field(default_factory=list)
-    deltas: Deltas = field(default_factory=dict)  # this batch's share of the aggregates
+    ledger: list[Row] = field(default_factory=list)  # counted in the aggregates when read
     #: reads of the tables, made by the writer before this batch's writes
     reads: list[CountsRead | HistoryRead | LeftRead] = field(default_factory=list)
     memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
@@ -73,6 +72,7 @@ class Batch:
     retired: int = 0  # ... how many the writer deleted
     probe: bool = False  # a write that tests the disk, for a health check after a full disk
     replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)
+    writers: set[Replier] = field(default_factory=set)  # connections with a write here
     undo: list[Undo] = field(default_factory=list)
     writes: int = 0
     signals: int = 0
@@ -80,6 +80,10 @@ class Batch:
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0
+
+    def changes_table(self) -> bool:
+        """Whether committing this changes the aggregates table (see ``reads``)."""
+        return self.checkpoint is not None or bool(self.past)
 
     def pending(self) -> bool:
         return bool(

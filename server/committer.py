@@ -46,8 +46,9 @@ class Steps(Protocol):
     def committed(self, batch: Batch) -> None:
         """``batch`` is durable: take in what it changed."""
 
-    def failed(self, batch: Batch) -> None:
-        """``batch`` and the open one built on it were refused (their undo already ran)."""
+    def failed(self, batch: Batch, later: Batch) -> None:
+        """``batch`` and ``later``, the open one built on it, were refused (their undo
+        already ran)."""
 
 
 class Committer:
@@ -70,6 +71,8 @@ class Committer:
         self.failed: str | None = None  # a commit failed for good: writes refused
         self.full: str | None = None  # the last commit found the disk full
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
+        self.table_reads = 0  # reads of the aggregates table beside the writer (``reads``)
+        self._reads_ended: asyncio.Future[None] | None = None  # the writer waits for them
         self._closing = False
         self._last_tried = False
         self._task: asyncio.Task[None] | None = None
@@ -100,6 +103,7 @@ class Committer:
         write stays in flight until then too, so that notifications feel back-pressure."""
         batch = self.open
         batch.replies.append((conn, msgid, result))
+        batch.writers.add(conn)
         if self._idle is not None:
             self.wake()
         if batch.signals >= OPEN_SIGNALS or batch.fanout >= OPEN_FANOUT:
@@ -123,6 +127,24 @@ class Committer:
         conn.reading(True)
         self.wake()
 
+    def may_read_beside(self, conn: Replier) -> bool:
+        """Whether a read by ``conn`` may be answered now with what is committed, the table
+        read beside the writer. Not if ``conn`` has a write waiting for a commit (it sees
+        its own writes), nor if a purge or erase waits (a read after one never sees what
+        it withdraws), nor while the batch committing changes the table: a batch that
+        does waits for such reads to end, so the table stays as the read found memory."""
+        batch, inflight = self.open, self.inflight
+        if batch.past or conn in batch.writers:
+            return False
+        return inflight is None or not (inflight.changes_table() or conn in inflight.writers)
+
+    def reading_table(self, started: bool) -> None:
+        self.table_reads += 1 if started else -1
+        ended = self._reads_ended
+        if not self.table_reads and ended is not None:
+            self._reads_ended = None
+            ended.set_result(None)
+
     # -- the writer ------------------------------------------------------
 
     async def _run(self) -> None:
@@ -141,6 +163,9 @@ class Committer:
             self.open = Batch(self._steps.next_seq())
             self.inflight = batch
             self._hold(False)
+            if self.table_reads and batch.changes_table():
+                self._reads_ended = asyncio.get_running_loop().create_future()
+                await self._reads_ended
             began = time.perf_counter()
             try:
                 await self._storage.commit(batch)
@@ -189,7 +214,7 @@ class Committer:
             for change in reversed(failed.undo):
                 change.undo()
         self.open = Batch(batch.first_seq)
-        self._steps.failed(batch)
+        self._steps.failed(batch, later)
         if exc.transient:
             self.full = str(exc)
             log.error("%s; the writes in it were refused, later writes will be tried", exc)

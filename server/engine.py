@@ -37,7 +37,7 @@ from .params import SignalArgs
 from .past import ERASE, LEAVE, PURGE, REJOIN, Event, Outcome, Withdrawal
 from .reads import Reads
 from .retention import Retention
-from .sqlbulk import to_db
+from .sqlbulk import I64_MAX, U64, to_db
 from .storage import Snapshot, Storage
 from .userrows import UserRows
 
@@ -99,7 +99,7 @@ class Engine:
             "define_cohort": self._define_cohort,
             "drop_cohort": self._drop_cohort,
         }
-        reads = Reads(self)
+        reads = self._reads = Reads(self)
         self.health = reads.health
         self._methods.update(
             status=reads.status,
@@ -119,6 +119,7 @@ class Engine:
         """Commit and answer everything already read, then stop the writer."""
         self.retention.stop()
         await self.committer.close()
+        await self._reads.close()
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
         """Apply one request now; its reply goes out now or when its batch is durable.
@@ -180,20 +181,22 @@ class Engine:
                 return {"seq": seen[0], "forwarded": seen[1]}  # a retry: counted once
         seq = self._next_seq
         self._next_seq = seq + 1
-        mine = batch.deltas.get(entity)
+        aggregates = self.aggregates
+        mine = aggregates.live.get(entity)  # counted once, now (see Aggregates.tally)
         if mine is None:
-            mine = batch.deltas[entity] = {}
+            mine = aggregates.tally(entity)
         forwarded = not self.members.is_left(user_id)  # the gate
         if forwarded:
             cohorts = matched if matched is not None else self.cohorts.match(attrs)
-            ledger.count(mine, kind, weight, cohorts, communities)
+            aggregates.tallies += ledger.count(mine, kind, weight, cohorts, communities)
             batch.forwarded += 1
             batch.fanout += len(cohorts) + len(communities)
         else:
             cohorts = ()
-            ledger.count(mine, kind, weight, (), ())
+            aggregates.tallies += ledger.count(mine, kind, weight, (), ())
         context = ledger.context(communities, attrs, cohorts)
-        batch.ledger.append((seq, to_db(user_id), entity, kind, weight, now_ns, forwarded, context))
+        db_user = user_id - U64 if user_id > I64_MAX else user_id  # to_db, inline: per signal
+        batch.ledger.append((seq, db_user, entity, kind, weight, now_ns, forwarded, context))
         if key is not None:
             self.keys.remember(batch, key, (seq, forwarded, now_ns))
         batch.signals += 1
@@ -287,8 +290,9 @@ class Engine:
 
     def prepare(self, batch: Batch) -> None:
         if self.aggregates.due():
-            # everything before this batch has committed: the live deltas run to here
-            self._checkpoint(batch, batch.first_seq - 1)
+            # every signal before this batch has committed, and this batch's rows commit
+            # with the checkpoint: the live deltas, which count them all, run to its end
+            self._checkpoint(batch, self._next_seq - 1)
             self.keys.forget_old(batch, self._clock())
         self.user_rows.prepare(batch)
         for w in batch.past:
@@ -308,7 +312,7 @@ class Engine:
     def committed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=True)
-        self.aggregates.absorb(batch.deltas, batch.signals)
+        self.aggregates.signals_committed(batch.signals)
         self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
         for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
@@ -326,7 +330,9 @@ class Engine:
             self.metrics.leaves += batch.leaves
             self.metrics.rejoins += batch.rejoins
 
-    def failed(self, batch: Batch) -> None:
+    def failed(self, batch: Batch, later: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
+        # their signals were counted when read: what the disk refused is taken back off
+        self.aggregates.withdraw(self.aggregates.uncount([*batch.ledger, *later.ledger]))
         self._next_seq = batch.first_seq

@@ -54,14 +54,15 @@ def row_weight(weight: float) -> float:
     return math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
 
 
-def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> None:
-    """One signal more in ``slot``."""
+def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> int:
+    """One signal more in ``slot``; 1 if that made a new tally."""
     tally = tallies.get(slot)
     if tally is None:
         tallies[slot] = [1, weight]
-    else:
-        tally[0] += 1
-        tally[1] += weight
+        return 1
+    tally[0] += 1
+    tally[1] += weight
+    return 0
 
 
 def count(
@@ -70,14 +71,16 @@ def count(
     weight: float,
     cohorts: Sequence[int],
     communities: Sequence[str],
-) -> None:
+) -> int:
     """One signal into an entity's tallies: the ledger always; each cohort it matched and
-    each community it named only if it was forwarded (a gated signal passes none)."""
-    bump(tallies, (LEDGER, "", kind), weight)
+    each community it named only if it was forwarded (a gated signal passes none).
+    Returns how many tallies it made."""
+    made = bump(tallies, (LEDGER, "", kind), weight)
     for cid in cohorts:
-        bump(tallies, (COHORT, cid, kind), weight)
+        made += bump(tallies, (COHORT, cid, kind), weight)
     for name in communities:
-        bump(tallies, (COMMUNITY, name, kind), weight)
+        made += bump(tallies, (COMMUNITY, name, kind), weight)
+    return made
 
 
 def withdraw(

@@ -1,15 +1,19 @@
 """The read handlers: status, cohorts, counts, stats and health.
 
 A read changes nothing. It is answered at once unless it could show a write not
-yet on disk; ``counts`` and ``health`` always wait for the writer's next round
-trip (the table's share of an entity, and proof that the writer is alive).
+yet on disk. ``counts`` reads the table beside the writer and answers with what
+is committed, unless it must show what is not yet (the caller's own writes, a
+purge read before it): then it waits for the writer's next round trip, as
+``health`` always does (proof that the writer is alive).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from tidal.protocol import ErrorCode
 from tidal.protocol.limits import (
     ENTITY_MAX_BYTES,
     HISTORY_LINE_BYTES,
@@ -24,7 +28,9 @@ from tidal.protocol.limits import (
 from . import params
 from .aggregates import CountsRead
 from .batch import Later, Replier
+from .errors import StorageFailure
 from .health import HealthCheck, report
+from .ledger import Row
 from .past import HistoryRead, LeftRead, Pending
 from .version import VERSION
 
@@ -36,6 +42,7 @@ class Reads:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._started = time.monotonic()
+        self._tasks: set[asyncio.Task[None]] = set()  # counts reading beside the writer
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "status", "user_id", 1, 1)
@@ -66,22 +73,51 @@ class Reads:
         if msgid is None:
             conn.reply(None, None)
             return
-        committer = self._engine.committer
-        uncommitted = [committer.open.deltas]
+        engine = self._engine
+        committer = engine.committer
+        limit = page.get("limit", most)
+        if committer.may_read_beside(conn):
+            read = engine.aggregates.committed_page(
+                entity, engine.cohorts.names(), self._uncommitted(), after, limit
+            )
+            committer.reading_table(True)
+            conn.reading(True)
+            task = asyncio.get_running_loop().create_task(self._beside(conn, msgid, read))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        # it must see writes not yet committed: answered once they are
         pending = [Pending(w, whole=True) for w in committer.open.past]
         if committer.inflight is not None:
-            uncommitted.append(committer.inflight.deltas)
             pending += [Pending(w, whole=False) for w in committer.inflight.past]
-        read = self._engine.aggregates.capture(
-            entity,
-            self._engine.cohorts.names(),
-            uncommitted,
-            pending,
-            after,
-            page.get("limit", most),
-        )
+        read = engine.aggregates.capture(entity, engine.cohorts.names(), pending, after, limit)
         committer.open.reads.append(read)  # the writer reads the table's share
         committer.later(conn, msgid, _Counts(read))
+
+    def _uncommitted(self) -> list[Row]:
+        committer = self._engine.committer
+        rows = committer.open.ledger
+        if committer.inflight is not None:
+            rows = committer.inflight.ledger + rows
+        return rows
+
+    async def _beside(self, conn: Replier, msgid: int, read: CountsRead) -> None:
+        """The table's share, read while the writer goes on, then the reply."""
+        try:
+            await self._engine.storage.read_counts(read)
+        except StorageFailure as exc:
+            conn.reply_error(msgid, ErrorCode.UNAVAILABLE, f"storage unavailable: {exc}")
+        else:
+            conn.reply(msgid, read.answer())
+        finally:
+            self._engine.committer.reading_table(False)
+            conn.reading(False)
+        conn.flush()
+
+    async def close(self) -> None:
+        """Let the reads beside the writer end (the storage closes next)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""

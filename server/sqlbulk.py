@@ -11,7 +11,7 @@ from typing import Any, Final, NamedTuple
 
 from .aggregates import Deltas
 
-_U64: Final = 2**64
+U64: Final = 2**64
 I64_MAX: Final = 2**63 - 1
 
 
@@ -33,11 +33,11 @@ SET_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
 
 
 def to_db(user_id: int) -> int:
-    return user_id - _U64 if user_id > I64_MAX else user_id
+    return user_id - U64 if user_id > I64_MAX else user_id
 
 
 def from_db(value: int) -> int:
-    return value + _U64 if value < 0 else value
+    return value + U64 if value < 0 else value
 
 
 def rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:

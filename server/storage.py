@@ -108,8 +108,10 @@ class _Connection(aiosqlite.Connection):
 
 
 class Storage:
-    def __init__(self, db: _Connection, location: str) -> None:
+    def __init__(self, db: _Connection, reader: _Connection, location: str) -> None:
         self._db = db
+        #: WAL lets a reader beside the writer: ``counts`` need not wait for a commit
+        self._reader = reader
         self.location = location
         self.commits = 0
 
@@ -144,7 +146,13 @@ class Storage:
         except BaseException:
             await db.close()
             raise
-        return cls(db, location)
+        try:
+            reader = cast(_Connection, await _Connection(connector, iter_chunk_size=256))
+            await reader.execute("PRAGMA query_only=ON")
+        except sqlite3.Error as exc:
+            await db.close()
+            raise schema.explain(location, exc) from None
+        return cls(db, reader, location)
 
     async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
         return await self._db.run(lambda db: _load(db, keys_since_ns, max_keys))
@@ -165,6 +173,13 @@ class Storage:
         if wrote:
             self.commits += 1
 
+    async def read_counts(self, read: CountsRead) -> None:
+        """The table's share of a ``counts``, read beside the writer (see ``reads``)."""
+        try:
+            await self._reader.run(lambda db: _read_counts(db, read))
+        except sqlite3.Error as exc:
+            raise StorageFailure(f"read failed: {exc}", transient=True) from exc
+
     def size(self) -> int:
         """Bytes on disk: the database file and its write-ahead log."""
         total = 0
@@ -174,6 +189,7 @@ class Storage:
         return total
 
     async def close(self) -> None:
+        await self._reader.close()
         await self._db.close()
 
 

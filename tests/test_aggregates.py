@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 import sqlite3
@@ -11,10 +12,11 @@ from typing import Any
 
 import msgpack
 
-from tidal.client import Client, Counts, Signal
+from tidal.client import Client, Counts, Signal, Unavailable
 from tidal.server import Config, Server
 
 from .conftest import ServerProcess
+from .test_durability import fail_once
 
 
 def recompute(db: Path, cohort_names: dict[int, str]) -> dict[str, dict[str, Any]]:
@@ -115,6 +117,73 @@ async def test_counts_equal_a_recompute_across_many_checkpoints(db_path: Path) -
         ((watermark,),) = conn.execute("SELECT value FROM meta WHERE key = 'aggregates_seq'")
         ((last,),) = conn.execute("SELECT MAX(seq) FROM ledger")
     assert watermark == last
+
+
+async def test_a_refused_commit_takes_back_what_its_signals_counted(db_path: Path) -> None:
+    """Signals are counted when read: a commit refused (here one carrying a checkpoint)
+    takes its signals back off, and what is left equals a recompute, before and after a
+    restart."""
+    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=2))
+    await server.start()
+    try:
+        fail_once(server, lambda batch: batch.checkpoint is not None and bool(batch.signals))
+        async with await Client.connect(*server.address) as client:
+            refused = 0
+            for i in range(12):
+                try:
+                    await client.signal(i % 3, f"e{i % 2}", "view", communities=["c"])
+                except Unavailable:
+                    refused += 1
+            assert refused == 1
+            await check(client, db_path)
+            assert (await client.stats())["signals"] == 11
+    finally:
+        await server.shutdown()
+    server = Server(Config(port=0, db=str(db_path)))
+    await server.start()
+    try:
+        async with await Client.connect(*server.address) as client:
+            await check(client, db_path)
+    finally:
+        await server.shutdown()
+
+
+async def test_counts_under_concurrent_writes_never_go_back(db_path: Path) -> None:
+    """Counts read beside the writer, across many commits and checkpoints, as writers go
+    on: each shows at least what the last did, never more than was sent, and at the end
+    exactly what was acknowledged."""
+    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=50))
+    await server.start()
+    per_writer, writers = 300, 4
+    try:
+        clients = [await Client.connect(*server.address) for _ in range(writers + 1)]
+        reader = clients[-1]
+
+        async def write(c: Client, w: int) -> None:
+            for start in range(0, per_writer, 20):
+                await asyncio.gather(
+                    *(
+                        c.signal(w * 1000 + start + i, "hot", "view", communities=["c"])
+                        for i in range(20)
+                    )
+                )
+
+        done = asyncio.gather(*(write(c, w) for w, c in enumerate(clients[:writers])))
+        seen, reads = 0, 0
+        while not done.done():
+            counts = await reader.counts("hot")
+            now = counts.ledger["view"].count if counts.ledger else 0
+            assert seen <= now <= per_writer * writers, (seen, now)
+            assert (counts.communities["c"]["view"].count if now else 0) == now
+            seen, reads = now, reads + 1
+        await done
+        assert reads > 10, "the reads did not overlap the writes"
+        final = await reader.counts("hot")
+        assert final.ledger["view"].count == per_writer * writers
+        for c in clients:
+            await c.close()
+    finally:
+        await server.shutdown()
 
 
 async def test_kill_9_between_checkpoints_replays_the_ledger(process: ServerProcess) -> None:

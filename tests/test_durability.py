@@ -92,6 +92,38 @@ async def test_a_read_waits_for_the_commit_of_a_write_it_can_see(server: Server)
         assert (await leave).status == "left"
 
 
+async def test_counts_answers_with_what_is_committed_while_a_commit_is_held(
+    server: Server,
+) -> None:
+    """Read beside the writer: another connection's counts does not wait for a commit, and
+    shows none of its signals; the writer's own counts waits, and shows its own."""
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def held(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if batch.writes and not release.is_set():
+            entered.set()
+            await release.wait()
+        await real(batch)
+
+    host, port = server.address
+    async with await Client.connect(host, port) as a, await Client.connect(host, port) as b:
+        await a.signal(1, "e", "view", communities=["c"])
+        wrap_commit(server, held)
+        signal = asyncio.create_task(a.signal(2, "e", "view", communities=["c"]))
+        await entered.wait()
+        seen = await asyncio.wait_for(b.counts("e"), 5)  # while the commit is held
+        assert seen.ledger["view"].count == 1
+        assert seen.communities["c"]["view"].count == 1
+        own = asyncio.create_task(a.counts("e"))
+        assert await a.ping() == "pong"  # read after the counts: the counts was read too
+        assert not own.done() and not signal.done()
+        release.set()
+        assert (await own).ledger["view"].count == 2
+        assert (await signal).forwarded
+        assert (await b.counts("e")).communities["c"]["view"].count == 2
+
+
 async def test_a_transient_commit_failure_refuses_and_forgets_the_writes(server: Server) -> None:
     fail_once(server, lambda batch: bool(batch.writes))
     host, port = server.address
