@@ -1,7 +1,9 @@
 # tidal: build a wheel in one stage, install it in a slim one that runs as a non-root user.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# setup.py compiles the hot modules where a C compiler is found; this base has none, so
+# the image runs them as pure Python
+COPY pyproject.toml setup.py README.md ./
 COPY protocol ./protocol
 COPY server ./server
 COPY client ./client

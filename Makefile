@@ -7,11 +7,17 @@ STAMP  := $(VENV)/.installed-stamp
 
 .PHONY: run test lint pytest tools bench crash clean
 
-$(STAMP): pyproject.toml
+# tidal is installed into .venv, not linked to the sources (pip install -e): setup.py
+# compiles the hot modules with mypyc where a C compiler is found (pure Python where not),
+# so what `make run` serves and `make test` tests is what ships. A changed source
+# rebuilds it (about a minute).
+SOURCES := $(shell find server protocol client cli -name '*.py') setup.py
+
+$(STAMP): pyproject.toml $(SOURCES)
 	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet '.[dev]'
 	touch $@
 
 run: $(STAMP)
@@ -33,8 +39,8 @@ tools:
 # mypy cannot follow setuptools' package-dir mapping, so it reads the sources
 # through a tree of links laid out as they are imported (tidal/server -> server).
 lint: $(STAMP)
-	$(BIN)/ruff check server protocol client cli tests bench
-	$(BIN)/ruff format --check server protocol client cli tests bench
+	$(BIN)/ruff check server protocol client cli tests bench setup.py
+	$(BIN)/ruff format --check server protocol client cli tests bench setup.py
 	rm -rf .lint && mkdir -p .lint/tidal
 	ln -s ../../server .lint/tidal/server
 	ln -s ../../protocol .lint/tidal/protocol
@@ -51,7 +57,7 @@ crash: $(STAMP)
 # Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
 # Installs Redis from Debian if missing (needs root and apt).
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet '.[dev,bench]'
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE))
 
 clean:

@@ -164,10 +164,10 @@ class Connection:
     def send(self, message: Message) -> bytes:
         """Encode one message; raises ``LocalProtocolError`` for what cannot go on the wire."""
         if type(message) is Response:
-            _check_msgid(message.msgid)
+            _check_msgid(_first(message))
             obj: list[Any] = [RESPONSE, message.msgid, message.error, message.result]
         elif type(message) is Request:
-            _check_msgid(message.msgid)
+            _check_msgid(_first(message))
             obj = [REQUEST, message.msgid, message.method, message.params]
         elif type(message) is Notification:
             obj = [NOTIFICATION, message.method, message.params]
@@ -199,6 +199,12 @@ class Connection:
             raise LocalProtocolError(f"cannot encode response: {exc}") from exc
         count = len(responses)
         return data[1 if count < 16 else 3 if count < 65536 else 5 :]
+
+
+def _first(message: tuple[Any, ...]) -> object:
+    """A message's msgid as the caller gave it: read as its declared ``int``, compiled code
+    would take True for 1 or refuse a str with TypeError, not ``LocalProtocolError``."""
+    return message[0]
 
 
 def _check_msgid(msgid: object) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Final
 
 
 class FlowControl:
@@ -13,12 +14,12 @@ class FlowControl:
     once none is left. Each reason is set and cleared on its own, so that one passing
     never resumes a connection another still holds."""
 
-    BUSY = 1  # too many requests awaiting replies (--max-inflight)
-    BLOCKED = 2  # the peer does not read its replies: the transport's buffer is full
-    HELD = 4  # the engine holds all the work it may until a commit ends (every connection)
-    YIELDED = 8  # this connection had its slice of the loop; others go first
-    READS = 16  # too many large reads (counts) awaiting replies
-    DRAINING = 32  # shutting down: nothing more is taken on
+    BUSY: Final = 1  # too many requests awaiting replies (--max-inflight)
+    BLOCKED: Final = 2  # the peer does not read its replies: the transport's buffer is full
+    HELD: Final = 4  # the engine holds all the work it may until a commit ends (every connection)
+    YIELDED: Final = 8  # this connection had its slice of the loop; others go first
+    READS: Final = 16  # too many large reads (counts) awaiting replies
+    DRAINING: Final = 32  # shutting down: nothing more is taken on
 
     def __init__(self, transport: asyncio.Transport, resume: Callable[[], None]) -> None:
         self._transport = transport

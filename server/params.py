@@ -92,7 +92,11 @@ _WEIGHTS: Final = f"-{WEIGHT_MAX:.0e}..{WEIGHT_MAX:.0e}"
 
 
 def scalar(value: object, where: str) -> Scalar:
-    if type(value) is bool or type(value) is int:
+    # bool apart: narrowed to ``bool | int``, which is ``int`` to the type checker, compiled
+    # code would hand back True as 1, and a predicate on True would match 1
+    if type(value) is bool:
+        return value
+    if type(value) is int:
         return value
     if type(value) is float:
         if not math.isfinite(value):

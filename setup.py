@@ -1,0 +1,70 @@
+"""The hot modules compiled with mypyc, as mypy and black ship theirs; pure Python otherwise.
+
+Everything else about the package is in pyproject.toml. The signal path runs through
+these modules for every request; compiled, the server spends about a third less CPU
+per signal (docs/BENCHMARKS.md). They are plain, strictly typed Python either way:
+without a C compiler, or with TIDAL_PURE=1, the same code runs interpreted.
+
+mypyc names a module by its path, and the sources live in server/ and protocol/ for
+the import names tidal.server and tidal.protocol, so it reads them through a tree of
+links laid out as they are imported (as ``make lint`` does for mypy).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+
+#: Kept interpreted: storage and the modules tests reach into (their constants are
+#: patched, which compiled code would not see), app, and everything off the hot path.
+COMPILED = {
+    "protocol": ["framing", "connection", "messages"],
+    "server": [
+        "aggregates", "batch", "cohorts", "committer", "connection", "engine", "flow",
+        "health", "keys", "ledger", "members", "params", "past", "reads",
+    ],
+}  # fmt: skip
+
+
+def compiled_modules() -> list[Any]:
+    if os.environ.get("TIDAL_PURE"):
+        return []
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        print(f"tidal: no C compiler ({compiler}): installing pure Python", file=sys.stderr)
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("tidal: mypyc is not available: installing pure Python", file=sys.stderr)
+        return []
+    tree = ROOT / "build" / "mypyc-src"
+    (tree / "tidal").mkdir(parents=True, exist_ok=True)
+    for package in ("server", "protocol", "client", "cli"):
+        link = tree / "tidal" / package
+        if not link.is_symlink():
+            link.symlink_to(ROOT / package, target_is_directory=True)
+    paths = [f"tidal/{pkg}/{name}.py" for pkg, names in COMPILED.items() for name in names]
+    here = os.getcwd()
+    os.chdir(tree)  # mypyc takes module names from paths relative to here
+    try:
+        return list(
+            mypycify(
+                ["--config-file", str(ROOT / "pyproject.toml"), "--explicit-package-bases", *paths],
+                target_dir=str(ROOT / "build" / "mypyc"),
+                opt_level="3",
+            )
+        )
+    finally:
+        os.chdir(here)
+
+
+setup(ext_modules=compiled_modules())
