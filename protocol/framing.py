@@ -155,6 +155,12 @@ class Framing:
         limit = self.max_message_size
         found = 0
         while True:
+            if self._base + scanner.tell() == self._scanned:
+                # all fed is scanned (input mostly ends where a message does): feed more,
+                # rather than learn it from OutOfData, an exception per chunk received
+                if found or not self._feed():
+                    break
+                continue
             try:
                 scanner.skip()
             except msgpack.OutOfData:
