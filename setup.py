@@ -52,13 +52,20 @@ def compiled_modules() -> list[Any]:
         link = tree / "tidal" / package
         if not link.is_symlink():
             link.symlink_to(ROOT / package, target_is_directory=True)
-    paths = [f"tidal/{pkg}/{name}.py" for pkg, names in COMPILED.items() for name in names]
+    compiled = [f"tidal/{pkg}/{name}.py" for pkg, names in COMPILED.items() for name in names]
+    # every module named, so that mypy reads them all here, never an installed tidal
+    every = sorted(
+        f"tidal/{pkg}/{path.name}"
+        for pkg in ("server", "protocol", "client", "cli")
+        for path in (ROOT / pkg).glob("*.py")
+    )
     here = os.getcwd()
     os.chdir(tree)  # mypyc takes module names from paths relative to here
     try:
         return list(
             mypycify(
-                ["--config-file", str(ROOT / "pyproject.toml"), "--explicit-package-bases", *paths],
+                ["--config-file", str(ROOT / "pyproject.toml"), "--explicit-package-bases", *every],
+                only_compile_paths=compiled,
                 target_dir=str(ROOT / "build" / "mypyc"),
                 opt_level="3",
             )

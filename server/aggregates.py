@@ -2,15 +2,17 @@
 
 They are a view of the ledger. Every ledger row carries what its signal was
 forwarded to (communities and cohort ids), so the aggregates table need not be
-written with every group commit: committed deltas gather in memory, and now and
-then a checkpoint writes them in one pass together with the ledger seq they run
-to (the watermark). Boot replays the ledger past the watermark. The writer then
-pays one ledger row per signal, and one upsert per distinct aggregate per
-checkpoint rather than per batch.
+written with every group commit: deltas gather in memory, and now and then a
+checkpoint writes them in one pass together with the ledger seq they run to (the
+watermark). Boot replays the ledger past the watermark. The writer then pays one
+ledger row per signal, and one upsert per distinct aggregate per checkpoint
+rather than per batch.
 
-``counts`` adds three things: the table as of its watermark, the deltas in
-memory above it, and the deltas of batches not yet committed (its reply waits
-for those, like any read that can see a write).
+A signal is counted once, in memory, when it is read; what is not yet committed
+is known from the batches' rows (``uncount``). ``counts`` adds the table as of its
+watermark and memory's share above it: what is committed (``committed_page``, read
+beside the writer) or, when it must show writes not yet committed, all of it
+(``capture``, answered with their batch). See ``reads``.
 """
 
 from __future__ import annotations
@@ -81,12 +83,12 @@ class Aggregates:
         self.every_seconds = every_seconds
         self.every_tallies = every_tallies
         self.tallies = 0  # in ``live``
-        self.live: Deltas = {}  # committed above the watermark
+        self.live: Deltas = {}  # every signal read above the watermark, committed or not
         self.flushing: Deltas | None = None  # in the checkpoint being committed
         # the table holds every signal up to this seq once the flushing checkpoint commits
         # (and, with none in flight, already does)
         self.flushing_to = watermark
-        self._signals = 0  # absorbed since the last checkpoint began
+        self._signals = 0  # committed since the last checkpoint began
         self._since = time.monotonic()
 
     def tally(self, entity: str) -> dict[Slot, list[Any]]:
@@ -116,8 +118,8 @@ class Aggregates:
         return taken
 
     def withdraw(self, deltas: Deltas) -> None:
-        """A purge or erase committed: take off what it withdrew from rows above the
-        watermark (their tallies are here: the batch's own deltas came in first). A
+        """Take off ``deltas`` (negative tallies): what a committed purge or erase withdrew
+        from rows above the watermark, or what a refused commit's signals had added. A
         tally that reaches no signal is removed, as a recompute would have none."""
         live = self.live
         for entity, slots in deltas.items():
@@ -165,7 +167,7 @@ class Aggregates:
         self,
         entity: str,
         cohort_names: dict[int, str],
-        uncommitted: list[Row],
+        uncommitted: Iterable[Row],
         after: Slot | None,
         limit: int,
     ) -> CountsRead:

@@ -10,7 +10,10 @@ purge read before it): then it waits for the writer's next round trip, as
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tidal.protocol import ErrorCode
@@ -37,12 +40,16 @@ from .version import VERSION
 if TYPE_CHECKING:
     from .engine import Engine
 
+log = logging.getLogger("tidal.engine")
+
 
 class Reads:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._started = time.monotonic()
-        self._tasks: set[asyncio.Task[None]] = set()  # counts reading beside the writer
+        #: counts waiting to read the table beside the writer, and the task reading them
+        self._beside: list[tuple[Replier, int, CountsRead]] = []
+        self._reader: asyncio.Task[None] | None = None
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "status", "user_id", 1, 1)
@@ -82,9 +89,9 @@ class Reads:
             )
             committer.reading_table(True)
             conn.reading(True)
-            task = asyncio.get_running_loop().create_task(self._beside(conn, msgid, read))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._beside.append((conn, msgid, read))
+            if self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(self._read_beside())
             return
         # it must see writes not yet committed: answered once they are
         pending = [Pending(w, whole=True) for w in committer.open.past]
@@ -94,30 +101,44 @@ class Reads:
         committer.open.reads.append(read)  # the writer reads the table's share
         committer.later(conn, msgid, _Counts(read))
 
-    def _uncommitted(self) -> list[Row]:
+    def _uncommitted(self) -> Iterable[Row]:
         committer = self._engine.committer
-        rows = committer.open.ledger
-        if committer.inflight is not None:
-            rows = committer.inflight.ledger + rows
-        return rows
+        if committer.inflight is None:
+            return committer.open.ledger
+        return itertools.chain(committer.inflight.ledger, committer.open.ledger)
 
-    async def _beside(self, conn: Replier, msgid: int, read: CountsRead) -> None:
-        """The table's share, read while the writer goes on, then the reply."""
-        try:
-            await self._engine.storage.read_counts(read)
-        except StorageFailure as exc:
-            conn.reply_error(msgid, ErrorCode.UNAVAILABLE, f"storage unavailable: {exc}")
-        else:
-            conn.reply(msgid, read.answer())
-        finally:
-            self._engine.committer.reading_table(False)
-            conn.reading(False)
-        conn.flush()
+    async def _read_beside(self) -> None:
+        """The table's share of the counts queued, read while the writer goes on, then
+        their replies. Those queued during one round trip to the reader's thread share
+        the next, as writes share a commit."""
+        committer = self._engine.committer
+        while self._beside:
+            reads, self._beside = self._beside, []
+            try:
+                await self._engine.storage.read_counts([read for _, _, read in reads])
+            except StorageFailure as exc:
+                for conn, msgid, _ in reads:
+                    conn.reply_error(msgid, ErrorCode.UNAVAILABLE, f"storage unavailable: {exc}")
+            except Exception:  # a bug must not leave the reads unanswered
+                log.exception("reading counts failed")
+                for conn, msgid, _ in reads:
+                    conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in counts")
+            else:
+                for conn, msgid, read in reads:
+                    conn.reply(msgid, read.answer())
+            touched: dict[Replier, None] = {}
+            for conn, _, _ in reads:
+                committer.reading_table(False)
+                conn.reading(False)
+                touched[conn] = None
+            for conn in touched:
+                conn.flush()
+        self._reader = None
 
     async def close(self) -> None:
         """Let the reads beside the writer end (the storage closes next)."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._reader is not None:
+            await self._reader
 
     def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""

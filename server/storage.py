@@ -173,10 +173,16 @@ class Storage:
         if wrote:
             self.commits += 1
 
-    async def read_counts(self, read: CountsRead) -> None:
-        """The table's share of a ``counts``, read beside the writer (see ``reads``)."""
+    async def read_counts(self, reads: list[CountsRead]) -> None:
+        """The table's share of ``counts`` reads, beside the writer: one call on the reader's
+        thread for them all (see ``reads``)."""
+
+        def read_all(db: sqlite3.Connection) -> None:
+            for read in reads:
+                _read_counts(db, read)
+
         try:
-            await self._reader.run(lambda db: _read_counts(db, read))
+            await self._reader.run(read_all)
         except sqlite3.Error as exc:
             raise StorageFailure(f"read failed: {exc}", transient=True) from exc
 
