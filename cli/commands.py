@@ -142,8 +142,9 @@ def backup(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     from . import bench as load
+    from .workload import BenchConfig
 
-    cfg = load.BenchConfig(
+    cfg = BenchConfig(
         host=args.host,
         port=args.port,
         clients=args.clients,

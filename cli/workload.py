@@ -1,0 +1,66 @@
+"""What ``tidal bench`` sends: the workloads, drawn from one seeded random stream, so
+that every system raced against another gets the same requests."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+Workload = Literal["signal", "batch", "leave", "status", "mixed", "counts"]
+WORKLOADS: Final = ("signal", "batch", "leave", "status", "mixed", "counts")
+COUNTRIES: Final = ("DE", "FR", "US", "JP")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    host: str = "127.0.0.1"
+    port: int = 7411
+    clients: int = 50
+    pipeline: int = 1
+    requests: int = 100_000
+    workload: Workload = "signal"
+    batch_size: int = 1_000
+    users: int = 100_000
+    left_fraction: float = 0.0
+    entities: int = 1_000  # signals and counts pick entities e0 .. e{entities-1}
+    token: str | None = None
+    seed: int = 1
+    #: drive Redis instead, with the SHA of ``bench/signal.lua`` loaded there (see ``resp``)
+    redis_sha: str | None = None
+    #: the server's process, when local: its CPU time over the run is reported
+    server_pid: int | None = None
+
+
+def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]]:
+    """Method and params of ``count`` requests of the workload, drawn from ``rng``."""
+
+    def signal_params() -> list[Any]:
+        user = rng.randrange(cfg.users)
+        context = {
+            "communities": [f"c{user % 16}"],
+            "attrs": {"country": COUNTRIES[user % len(COUNTRIES)]},
+        }
+        return [user, f"e{rng.randrange(cfg.entities)}", "view", 1.0, context]
+
+    out: list[list[Any]] = []
+    for _ in range(count):
+        if cfg.workload == "signal":
+            out.append(["signal", signal_params()])
+        elif cfg.workload == "batch":
+            out.append(["signal_batch", [[signal_params() for _ in range(cfg.batch_size)]]])
+        elif cfg.workload == "status":
+            out.append(["status", [rng.randrange(cfg.users)]])
+        elif cfg.workload == "counts":
+            out.append(["counts", [f"e{rng.randrange(cfg.entities)}"]])
+        elif cfg.workload == "leave":
+            out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
+        else:  # mixed: 95% signal, 4% status, 1% leave or rejoin
+            roll = rng.random()
+            if roll < 0.95:
+                out.append(["signal", signal_params()])
+            elif roll < 0.99:
+                out.append(["status", [rng.randrange(cfg.users)]])
+            else:
+                out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
+    return out

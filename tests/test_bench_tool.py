@@ -1,0 +1,47 @@
+"""``tidal bench``: the load generator make bench races tidal and Redis with."""
+
+from __future__ import annotations
+
+import os
+
+from tidal.cli import resp
+from tidal.cli.bench import run
+from tidal.cli.workload import BenchConfig
+from tidal.client import Client
+from tidal.server import Server
+
+
+async def test_bench_drives_a_server_and_reads_its_cpu(server: Server) -> None:
+    host, port = server.address
+    cfg = BenchConfig(
+        host=host, port=port, clients=4, pipeline=8, requests=400, server_pid=os.getpid()
+    )
+    result = await run(cfg)
+    assert (result.signals, result.errors) == (400, 0)
+    assert result.p50_ms > 0 and result.server_cpu_us is not None and result.server_cpu_us > 0
+    async with await Client.connect(host, port) as client:
+        assert (await client.stats())["signals"] == 400
+
+
+def test_resp_requests_are_the_same_work_as_tidal_s() -> None:
+    signal = [7, "e3", "view", 1.0, {"communities": ["c7"], "attrs": {"country": "JP"}}]
+    data, replies = resp.equivalent("abc", "signal", signal)
+    assert replies == 1
+    # EVALSHA sha 0 user entity community country: signal.lua's ARGV
+    args = [b"EVALSHA", b"abc", b"0", b"7", b"e3", b"c7", b"JP"]
+    assert data == b"*7\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+    batch, replies = resp.equivalent("abc", "signal_batch", [[signal] * 3])
+    assert (batch, replies) == (data * 3, 3)
+    assert resp.equivalent("abc", "leave", [5]) == (resp.command("SADD", "left", "5"), 1)
+
+
+def test_resp_replies_are_counted_per_request_however_they_are_cut() -> None:
+    """Request 0 is four commands, request 1 one: each is answered when all its replies
+    are in, in any chunking of the stream; an error reply marks its request."""
+    stream = b":1\r\n+OK\r\n$3\r\nabc\r\n*2\r\n:1\r\n$-1\r\n-ERR no script\r\n"
+    for cut in range(1, len(stream)):
+        replies = resp.Replies()
+        replies.sent(0, 4)
+        replies.sent(1, 1)
+        answered = replies.feed(stream[:cut]) + replies.feed(stream[cut:])
+        assert answered == [(0, None), (1, "redis error")], cut
