@@ -13,9 +13,12 @@ links laid out as they are imported (as ``make lint`` does for mypy).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +37,27 @@ COMPILED = {
 }  # fmt: skip
 
 
+def can_compile() -> bool:
+    """A C compiler, and Python's headers (Debian keeps them apart, in python3-dev)."""
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if not cc or shutil.which(cc[0]) is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.c"
+        probe.write_text("#include <Python.h>\nint probe(void) { return 0; }\n")
+        include = sysconfig.get_paths()["include"]
+        done = subprocess.run(
+            [*cc, "-c", str(probe), "-I", include, "-o", str(Path(tmp) / "probe.o")],
+            capture_output=True,
+        )
+    return done.returncode == 0
+
+
 def compiled_modules() -> list[Any]:
     if os.environ.get("TIDAL_PURE"):
         return []
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        print(f"tidal: no C compiler ({compiler}): installing pure Python", file=sys.stderr)
+    if not can_compile():
+        print("tidal: cannot compile C extensions here: installing pure Python", file=sys.stderr)
         return []
     try:
         from mypyc.build import mypycify
