@@ -314,7 +314,8 @@ def _read_counts(db: sqlite3.Connection, read: CountsRead) -> None:
     else:
         query, args = _SELECT_COUNTS_AFTER, (read.entity, *read.after, read.limit + 1)
     read.rows = db.execute(query, args).fetchall()
-    read.table_watermark = table_watermark(db)
+    if read.flushing_to is not None:  # a checkpoint was committing when memory was read
+        read.table_watermark = table_watermark(db)
 
 
 def _write_cohorts(db: sqlite3.Connection, batch: Batch) -> None:
