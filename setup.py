@@ -1,7 +1,7 @@
 """The hot modules compiled with mypyc, as mypy and black ship theirs; pure Python otherwise.
 
 Everything else about the package is in pyproject.toml. The signal path runs through
-these modules for every request; compiled, the server spends about a third less CPU
+these modules for every request; compiled, the server spends 20-30% less CPU
 per signal (docs/BENCHMARKS.md). They are plain, strictly typed Python either way:
 without a C compiler, or with TIDAL_PURE=1, the same code runs interpreted.
 
