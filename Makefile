@@ -28,13 +28,16 @@ test: lint pytest
 pytest: $(STAMP) tools
 	$(BIN)/python -m pytest
 
-# Debian's docker-compose checks the compose file in tests/test_deploy.py; installed
-# here when we are root with apt (as CI is), otherwise that test says what is missing.
+# From Debian, installed here when we are root with apt (as CI is); otherwise the tests
+# that need them fail and say what is missing. docker-compose checks the compose file
+# (tests/test_deploy.py); postgresql-15 is the real PostgreSQL the tests start themselves.
+APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
+             $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15)
 tools:
-	@command -v docker-compose >/dev/null 2>&1 || { \
+	@if [ -n "$(strip $(APT_TOOLS))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; \
-	  else echo "docker-compose is missing: tests/test_deploy.py will fail and say so"; fi; }
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_TOOLS) >/dev/null; \
+	  else echo "missing $(APT_TOOLS): the tests that need them will fail and say so"; fi; fi
 
 # mypy cannot follow setuptools' package-dir mapping, so it reads the sources
 # through a tree of links laid out as they are imported (tidal/server -> server).

@@ -32,11 +32,14 @@ from tidal.client import SyncClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as bench/run.py
 from bench.past import past_figures
+from tests.postgres import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 TIDAL = str(VENV_BIN / "tidal")
 SHAPES = [(1, 1), (50, 1), (16, 16), (4, 64)]
+PG = "tidal full on PostgreSQL"
+CLUSTER: list[Cluster] = []  # the PostgreSQL this run started
 #: bench/past.py's writer time, median, on the page the purge issue left (docs/BENCHMARKS.md)
 PAST_BEFORE_MS = {"purge": 224.0, "erase": 176.0}
 
@@ -61,6 +64,47 @@ def tidal_server(durability: str, db: Path | None = None) -> Iterator[Child]:
             yield server
         finally:
             stop(server)
+
+
+@contextmanager
+def tidal_on_postgres(cluster: Cluster) -> Iterator[Child]:
+    """tidal full on a new database of ``cluster`` (started by this run, as the tests do)."""
+    import asyncio
+
+    name = asyncio.run(cluster.create())
+    server = start([TIDAL, "serve", "--port", "0", "--db", cluster.url(name)])
+    try:
+        yield server
+    finally:
+        stop(server)
+        asyncio.run(cluster.drop(name))
+
+
+def postgres_cpu_s(cluster: Cluster) -> float:
+    """CPU seconds of the PostgreSQL server's processes (the postmaster and its children)."""
+    postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat.parent.name) == postmaster or int(fields[1]) == postmaster:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tidal_pg_bench(cluster: Cluster, clients: int, pipeline: int, requests: int) -> dict[str, Any]:
+    """As ``tidal_bench``; the server's CPU is tidal's and PostgreSQL's together, since on
+    SQLite the database's work is inside tidal's process."""
+    with tidal_on_postgres(cluster) as srv:
+        before = postgres_cpu_s(cluster)
+        result = tidal_bench(srv, clients, pipeline, requests)
+        signals = result["signals_per_s"] * result["seconds"]
+        database_us = (postgres_cpu_s(cluster) - before) * 1e6 / signals
+    result["tidal_cpu_us"] = result["server_cpu_us"]
+    result["server_cpu_us"] = result["server_cpu_us"] + database_us
+    return result
 
 
 @contextmanager
@@ -170,9 +214,13 @@ def run_all(scale: float, repeats: int) -> dict[str, Any]:
     median run, with the range beside it (this machine's figures move a lot between runs)."""
     shape_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     extra_runs: dict[str, list[dict[str, Any]]] = {}
-    for round_ in range(repeats):
-        print(f"-- round {round_ + 1} of {repeats}", file=sys.stderr)
-        one_round(scale, shape_runs, extra_runs)
+    CLUSTER.append(Cluster())
+    try:
+        for round_ in range(repeats):
+            print(f"-- round {round_ + 1} of {repeats}", file=sys.stderr)
+            one_round(scale, shape_runs, extra_runs)
+    finally:
+        CLUSTER.pop().destroy()
     return {
         "machine": machine(),
         "repeats": repeats,
@@ -192,7 +240,10 @@ def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda r: float(r["signals_per_s"] or r["requests_per_s"]))
     chosen = dict(ordered[len(ordered) // 2])
     chosen["range"] = [ordered[0]["signals_per_s"], ordered[-1]["signals_per_s"]]
-    keep = ("signals_per_s", "requests_per_s", "server_cpu_us", "p50_ms", "p99_ms", "p999_ms")
+    keep = (
+        "signals_per_s", "requests_per_s", "server_cpu_us", "tidal_cpu_us", "p50_ms", "p99_ms",
+        "p999_ms",
+    )  # fmt: skip
     chosen["runs"] = [{k: r.get(k) for k in keep} for r in runs]
     return chosen
 
@@ -223,6 +274,7 @@ def one_round(
         for durability in ("full", "normal"):
             with tidal_server(durability) as srv:
                 record(f"tidal {durability}", f"{c}x{p}", tidal_bench(srv, c, p, n))
+        record(PG, f"{c}x{p}", tidal_pg_bench(CLUSTER[0], c, p, n))
         for fsync in ("always", "everysec"):
             with redis_server(fsync) as red:
                 record(f"redis {fsync}", f"{c}x{p}", redis_run(red, c, p, n))
@@ -392,7 +444,7 @@ def cpu_cell(result: dict[str, Any]) -> str:
 def report(results: dict[str, Any]) -> str:
     shapes = results["shapes"]
     extra = results["extra"]
-    systems = ["bare stack", "tidal full", "tidal normal", "redis always", "redis everysec"]
+    systems = ["bare stack", "tidal full", PG, "tidal normal", "redis always", "redis everysec"]
     labels = [f"{c}x{p}" for c, p in SHAPES]
 
     def sps(system: str, shape: str) -> float:

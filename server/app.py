@@ -1,8 +1,9 @@
 """The server's life: boot from disk, listen, and shut down in order.
 
 Start: check the settings, bind the port, take the database's lock, and only
-then open the database, so that a mistake fails before anything on disk changes.
-Boot loads leave state from SQLite before any request is applied, so none is
+then open the database, so that a mistake fails before anything on disk changes
+(PostgreSQL's lock is taken on the connection that opens it, before any write).
+Boot loads leave state from the database before any request is applied, so none is
 ever gated by a half-loaded map (meanwhile only ``ping`` and ``health`` are
 answered). Shutdown: stop accepting, stop reading, commit and answer what was
 read, close the connections, close the database, let go of the lock.
@@ -24,14 +25,14 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from .config import Config
+from .config import Config, redact
 from .connection import ServerConnection, ServerState
 from .dblock import DatabaseLock
 from .engine import Engine
 from .errors import BadSettings, ProtectedMode, StartupError
 from .health import Booting
 from .metrics import Metrics
-from .storage import Storage
+from .storage import Storage, is_url, open_storage
 
 log = logging.getLogger("tidal.server")
 
@@ -88,8 +89,9 @@ class Server:
         tls = _tls(config)
         try:
             await self._listen(tls)
-            self._lock = DatabaseLock.acquire(config.db)
-            log.info("bound %s:%d; loading %s", *self.address, config.db)
+            if not is_url(config.db):  # PostgreSQL: an advisory lock, taken as it opens
+                self._lock = DatabaseLock.acquire(config.db)
+            log.info("bound %s:%d; loading %s", *self.address, redact(config.db))
             engine = await self._boot()
         except BaseException:
             await self._close()
@@ -140,7 +142,7 @@ class Server:
         """Leave state from disk into memory, before any request that needs it is taken."""
         config = self.config
         began = time.perf_counter()
-        self._storage = await Storage.open(config.db, config.durability)
+        self._storage = await open_storage(config.db, config.durability, config.db_password_file)
         window_ns = int(config.idempotency_window * 1e9)
         snapshot = await self._storage.load(self._clock() - window_ns, config.idempotency_max_keys)
         engine = Engine(
@@ -161,7 +163,7 @@ class Server:
         log.info(
             "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d,"
             " %d ledger rows replayed past the aggregates checkpoint",
-            config.db,
+            self._storage.location,
             time.perf_counter() - began,
             len(snapshot.left) + len(snapshot.rejoined),
             len(snapshot.cohorts),

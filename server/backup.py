@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import redact
 from .errors import BackupFailed
+from .storage import is_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,12 @@ class BackupInfo:
 
 
 def backup(db: str | Path, dest: str | Path) -> BackupInfo:
+    if is_url(str(db)):
+        raise BackupFailed(
+            f"{redact(str(db))} is a PostgreSQL database: back it up with PostgreSQL's own"
+            f" tools, which copy it consistently while tidal writes: pg_dump --format=custom"
+            f" --file {dest} DBNAME (or continuous archiving, or your service's snapshots)"
+        )
     source, target = Path(db), Path(dest)
     if not source.is_file():
         raise BackupFailed(f"no database at {source}")

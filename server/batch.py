@@ -70,6 +70,7 @@ class Batch:
     history: list[Event] = field(default_factory=list)
     retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
     retired: int = 0  # ... how many the writer deleted
+    reach: bool = False  # a health check: the writer reaches the database, even with no writes
     probe: bool = False  # a write that tests the disk, for a health check after a full disk
     replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)
     writers: set[Replier] = field(default_factory=set)  # connections with a write here

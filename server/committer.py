@@ -69,7 +69,8 @@ class Committer:
         self.open = Batch(first_seq)
         self.inflight: Batch | None = None
         self.failed: str | None = None  # a commit failed for good: writes refused
-        self.full: str | None = None  # the last commit found the disk full
+        self.full: str | None = None  # the last commit failed, and later ones may not
+        self.full_state = "full"  # ... as health reports it: full, or unavailable
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
         self.table_reads = 0  # reads of the aggregates table beside the writer (``reads``)
         self._reads_ended: asyncio.Future[None] | None = None  # the writer waits for them
@@ -217,11 +218,15 @@ class Committer:
         self._steps.failed(batch, later)
         if exc.transient:
             self.full = str(exc)
+            self.full_state = exc.state
             log.error("%s; the writes in it were refused, later writes will be tried", exc)
         else:
             self.failed = str(exc)
             log.critical("%s; refusing all writes until restarted", exc)
-        message = f"storage unavailable: {exc}; nothing of this request was saved"
+        if exc.outcome_unknown:
+            message = f"storage unavailable: {exc}; whether this request was saved is unknown"
+        else:
+            message = f"storage unavailable: {exc}; nothing of this request was saved"
         touched: dict[Replier, None] = {}
         for failed in (batch, later):
             for conn, msgid, result in failed.replies:

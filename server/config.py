@@ -9,6 +9,7 @@ flags from this declaration, and the README's table is checked against it.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
@@ -43,7 +44,14 @@ def _setting(default: Any, text: str, *, kind: str = "", choices: tuple[str, ...
 class Config:
     host: str = _setting("127.0.0.1", "address to listen on")
     port: int = _setting(7411, "TCP port, 0 for any free one", kind="port")
-    db: str = _setting("./tidal.db", "SQLite database file")
+    db: str = _setting(
+        "./tidal.db",
+        "SQLite database file, or postgresql://user[:password]@host[:port]/dbname (the"
+        " password may come from PGPASSWORD or --db-password-file instead)",
+    )
+    db_password_file: str | None = _setting(
+        None, "a file holding the PostgreSQL password (a mounted secret), read at start"
+    )
     durability: Durability = _setting(
         "full",
         "full: fsync every group commit, survives power loss; normal: survives a crash of"
@@ -144,9 +152,21 @@ class Config:
     def __repr__(self) -> str:  # the token must never reach a log
         shown = ", ".join(
             f"{f.name}={'***' if f.metadata['kind'] == 'secret' and value else value!r}"
-            for f, value in ((f, getattr(self, f.name)) for f in fields(self))
+            for f, value in (
+                (f, redact(v) if f.name == "db" else v)
+                for f, v in ((f, getattr(self, f.name)) for f in fields(self))
+            )
         )
         return f"Config({shown})"
+
+
+def redact(db: str) -> str:
+    """``--db`` as it may be logged or shown: a URL's password left out."""
+    parts = urllib.parse.urlsplit(db)
+    if "://" not in db or parts.password is None:
+        return db
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def flag(name: str) -> str:

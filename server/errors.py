@@ -44,11 +44,23 @@ class Unavailable(RequestError):
 
 
 class StorageFailure(TidalError):
-    """A commit did not happen. ``transient`` failures (a full disk) may pass; others latch."""
+    """A commit did not happen. ``transient`` failures (a full disk, a database out of
+    reach) may pass; others latch. ``state``: what ``health`` reports for a transient one
+    ("full", "unavailable"). ``outcome_unknown``: whether it happened cannot be known (a
+    COMMIT's answer lost, and the database not reachable to ask)."""
 
-    def __init__(self, message: str, *, transient: bool) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool,
+        state: str = "full",
+        outcome_unknown: bool = False,
+    ) -> None:
         super().__init__(message)
         self.transient = transient
+        self.state = state
+        self.outcome_unknown = outcome_unknown
 
 
 class BackupFailed(TidalError):

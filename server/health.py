@@ -24,7 +24,8 @@ FAILING: Final = "failing"
 
 def report(storage: str, error: str | None = None) -> dict[str, Any]:
     """The ``health`` reply. ``storage``: loading, ok, full (writes refused until space
-    returns) or failed (writes refused until a restart)."""
+    returns), unavailable (the database cannot be reached; writes refused until it can)
+    or failed (writes refused until a restart)."""
     if storage == "loading":
         return {"status": STARTING, "storage": storage}
     if storage == "ok":

@@ -106,10 +106,16 @@ class _Collector(Collector):
         )
         yield GaugeMetricFamily(
             "tidal_storage_up",
-            "1 while storage takes writes; 0 while loading, after a failed commit, or with the"
-            " disk full.",
+            "1 while storage takes writes; 0 while loading, after a failed commit, with the"
+            " disk full, or with the database out of reach.",
             value=int(storage == "ok"),
         )
+        if engine is not None:
+            backend = GaugeMetricFamily(
+                "tidal_storage_backend", "The storage backend in use: 1.", labels=["backend"]
+            )
+            backend.add_metric([engine.storage.backend], 1)
+            yield backend
         yield _counter("tidal_signals", "Signals committed to the ledger.", signals)
         yield _counter(
             "tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded

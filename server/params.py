@@ -61,7 +61,7 @@ def user_id(value: object, where: str = "user_id") -> int:
 
 
 def text(value: object, where: str, max_bytes: int) -> str:
-    """A str (or UTF-8 bin) of 1..max_bytes bytes once encoded as UTF-8."""
+    """A str (or UTF-8 bin) of 1..max_bytes bytes once encoded as UTF-8, without NUL."""
     if type(value) is bytes:
         try:
             value = value.decode("utf-8")
@@ -75,6 +75,8 @@ def text(value: object, where: str, max_bytes: int) -> str:
         raise InvalidParams(f"{where}: must be valid UTF-8") from None
     if not 1 <= size <= max_bytes:
         raise InvalidParams(f"{where}: must be 1..{max_bytes} bytes of UTF-8, got {size}")
+    if "\x00" in value:  # PostgreSQL's text cannot hold it: one rule for both backends
+        raise InvalidParams(f"{where}: must not contain the NUL character (\\x00)")
     return value
 
 
@@ -341,7 +343,7 @@ def cursor(value: object) -> Cursor:
         raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
     layer, key, kind = value
     if layer == 1:
-        if type(key) is not int:
+        if type(key) is not int or not 0 <= key < 2**63:  # a cohort id
             raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
     else:
         key = text(key, f"{where}[1]", NAME_MAX_BYTES) if key != "" else ""

@@ -188,6 +188,7 @@ class Reads:
             "users_left": len(self._engine.members),
             "ledger_rows": self._engine.ledger_rows,
             "ledger_retired": self._engine.retention.retired,
+            "backend": self._engine.storage.backend,
             "db_bytes": self._engine.storage.size(),
             "commits": self._engine.storage.commits,
             "storage": self.health()["storage"],
@@ -206,6 +207,7 @@ class Reads:
         if committer.full is not None and committer.failed is None and not batch.probe:
             batch.probe = True
             batch.writes += 1
+        batch.reach = True  # the round trip reaches the database, wherever it is
         committer.later(conn, msgid, HealthCheck(self.health))
 
     def health(self) -> dict[str, Any]:
@@ -213,7 +215,8 @@ class Reads:
         if failed is not None:
             return report("failed", f"storage failed ({failed}); restart on a healthy disk")
         if full is not None:
-            return report("full", f"the last commit failed ({full}); writes are refused")
+            state = self._engine.committer.full_state
+            return report(state, f"the last commit failed ({full}); writes are refused")
         return report("ok")
 
 

@@ -81,6 +81,27 @@ MIGRATIONS: Final[list[list[str]]] = [
         """INSERT INTO history (user_id, at_ns, event)
             SELECT user_id, left_at_ns, 1 FROM memberships ORDER BY left_at_ns""",
     ],
+    [
+        # the aggregate's key in two typed columns, as PostgreSQL keeps it: one order in
+        # both (cohort ids as numbers, names byte by byte), and the same SQL for both
+        """CREATE TABLE aggregates_by_column (
+            entity TEXT NOT NULL,
+            layer INTEGER NOT NULL,
+            cohort INTEGER NOT NULL,  -- the cohort's id in layer 1, else 0
+            name TEXT NOT NULL,  -- the community's name in layer 2, else ''
+            kind TEXT NOT NULL,
+            count INTEGER NOT NULL,
+            weight REAL NOT NULL,
+            PRIMARY KEY (entity, layer, cohort, name, kind)
+        ) WITHOUT ROWID""",
+        """INSERT INTO aggregates_by_column
+            SELECT entity, layer, CASE layer WHEN 1 THEN key ELSE 0 END,
+                CASE layer WHEN 1 THEN '' ELSE key END, kind, count, weight
+            FROM aggregates""",
+        "DROP TABLE aggregates",
+        "ALTER TABLE aggregates_by_column RENAME TO aggregates",
+        "CREATE INDEX history_by_time ON history (at_ns)",  # the latest event, at boot
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

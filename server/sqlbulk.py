@@ -1,35 +1,135 @@
-"""SQL shared by the storage modules: many rows in one statement, user ids as SQLite holds
-them, aggregates rows, the meta table."""
+"""SQL shared by both backends, and the statements a plan asks its backend to run.
+
+A plan (``plans``, ``storage_past``) is a generator: it yields statements and is
+sent their results, as h11 takes bytes and gives events. It does no I/O, so the
+order of a commit's statements is written once, and SQLite runs it all in one
+call on its thread while PostgreSQL awaits each statement on its connection.
+SQL is written with ``?`` placeholders; the PostgreSQL runner numbers them.
+Both databases hold user ids (unsigned 64-bit on the wire) as signed 64-bit, in
+two's complement.
+"""
 
 from __future__ import annotations
 
-import functools
-import itertools
-import sqlite3
-from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
 from .aggregates import Deltas
+from .ledger import COHORT, Slot
 
 U64: Final = 2**64
 I64_MAX: Final = 2**63 - 1
 
+T = TypeVar("T")
+
 
 class Bulk(NamedTuple):
-    """A write of many rows: ``head`` + rows of ``width`` placeholders + ``tail``."""
+    """A write of many rows: ``head`` + the rows + ``tail``. SQLite gives the rows as
+    ``VALUES`` lists, PostgreSQL as one array per column, typed by ``types``."""
 
     head: str
-    width: int
+    types: tuple[str, ...]
     tail: str = ""
 
 
+# -- what a plan yields; each is answered with its result -------------------
+
+
+class Exec(NamedTuple):
+    """A statement; answered with None."""
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+class Rows(NamedTuple):
+    """A query; answered with its rows, as tuples."""
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+class Changed(NamedTuple):
+    """A statement; answered with the number of rows it changed."""
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+class Many(NamedTuple):
+    """One statement per row of arguments; answered with None."""
+
+    sql: str
+    rows: Sequence[tuple[Any, ...]]
+
+
+class Put(NamedTuple):
+    """Many rows in as few statements as the backend can; answered with None."""
+
+    bulk: Bulk
+    rows: Sequence[tuple[Any, ...]]
+
+
+class Begin(NamedTuple):
+    """A write transaction: SQLite takes its write lock at once (``BEGIN IMMEDIATE``)."""
+
+
+class Commit(NamedTuple):
+    """The end of the transaction. ``batch_id``: written in it, so that a commit whose
+    answer was lost can be found out (PostgreSQL; SQLite answers in process)."""
+
+    batch_id: int | None = None
+
+
+class Fill(NamedTuple):
+    """A query of (key, value) rows, put straight into ``into`` (the boot's large maps,
+    with no list of rows between); answered with None."""
+
+    sql: str
+    args: tuple[Any, ...]
+    into: dict[Any, Any]
+
+
+Op: TypeAlias = Exec | Rows | Changed | Many | Put | Fill | Begin | Commit
+Plan: TypeAlias = Generator[Op, Any, T]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What the two backends spell differently in a plan: a list of seqs given as one
+    argument (SQLite: a JSON array read by ``json_each``; PostgreSQL: an array)."""
+
+    in_seqs: str  # "seq IN ..." with one placeholder
+    json_seqs: bool
+
+    def seqs(self, seqs: list[int]) -> Any:
+        return "[" + ",".join(map(str, seqs)) + "]" if self.json_seqs else seqs
+
+
+SQLITE: Final = Dialect("seq IN (SELECT value FROM json_each(?))", json_seqs=True)
+POSTGRES: Final = Dialect("seq = ANY(?::bigint[])", json_seqs=False)
+
+# -- statements both run as written ----------------------------------------
+
+#: ``aggregates`` keys an aggregate by (layer, cohort, name): a cohort by its id, a
+#: community by its name, the ledger layer by neither. Two typed columns keep one order,
+#: the engine's, in both databases: ids as numbers, names byte by byte.
 AGGREGATES: Final = Bulk(
-    "INSERT INTO aggregates (entity, layer, key, kind, count, weight) VALUES ",
-    6,
-    " ON CONFLICT DO UPDATE SET count = count + excluded.count, weight = weight + excluded.weight",
+    "INSERT INTO aggregates (entity, layer, cohort, name, kind, count, weight)",
+    ("text", "smallint", "bigint", "text", "text", "bigint", "float8"),
+    " ON CONFLICT (entity, layer, cohort, name, kind) DO UPDATE SET"
+    " count = aggregates.count + excluded.count, weight = aggregates.weight + excluded.weight",
 )
-BULK_ROWS: Final = 512  # rows per statement: 512 x 8 parameters, well under SQLite's 32766
-SET_META: Final = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"
+SET_META: Final = (
+    "INSERT INTO meta (key, value) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+ADD_META: Final = (
+    "INSERT INTO meta (key, value) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = meta.value + excluded.value"
+)
+WATERMARK: Final = "SELECT value FROM meta WHERE key = 'aggregates_seq'"
 
 
 def to_db(user_id: int) -> int:
@@ -41,33 +141,31 @@ def from_db(value: int) -> int:
 
 
 def rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:
+    """Aggregates rows, as ``AGGREGATES`` takes them."""
     return [
-        (entity, layer, key, kind, count, weight)
+        (entity, layer, *_columns(layer, key), kind, count, weight)
         for entity, slots in deltas.items()
         for (layer, key, kind), (count, weight) in slots.items()
         if count
     ]
 
 
-def write_all(db: sqlite3.Connection, bulk: Bulk, rows: Sequence[tuple[Any, ...]]) -> None:
-    """``executemany`` without its cost here: it binds and steps one row at a time and
-    takes the GIL back for every row, and with the event loop busy each of those is a
-    wait (measured: 84-265 ms for 128 ledger rows, against 14 ms in one statement).
-    Rows go in statements of a power-of-two size, so a handful of shapes stay cached."""
-    done, total = 0, len(rows)
-    while done < total:
-        size = min(BULK_ROWS, 1 << ((total - done).bit_length() - 1))
-        flat = list(itertools.chain.from_iterable(rows[done : done + size]))
-        db.execute(_statement(bulk, size), flat)
-        done += size
+def _columns(layer: int, key: int | str) -> tuple[int, str]:
+    return (key, "") if layer == COHORT else (0, key)  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=128)
-def _statement(bulk: Bulk, rows: int) -> str:
-    row = "(" + ", ".join("?" * bulk.width) + ")"
-    return bulk.head + ", ".join([row] * rows) + bulk.tail
+def after_args(after: Slot) -> tuple[Any, ...]:
+    """A page cursor as the aggregates columns compare."""
+    layer, key, kind = after
+    return (layer, *_columns(layer, key), kind)
 
 
-def table_watermark(db: sqlite3.Connection) -> int:
-    row = db.execute("SELECT value FROM meta WHERE key = 'aggregates_seq'").fetchone()
-    return int(row[0]) if row else 0
+def slot_row(row: Sequence[Any]) -> tuple[int, int | str, str, int, float]:
+    """(layer, cohort, name, kind, count, weight) read back as the engine keys it."""
+    layer, cohort, name, kind, count, weight = row
+    return (layer, cohort if layer == COHORT else name, kind, count, weight)
+
+
+def table_watermark() -> Plan[int]:
+    rows = yield Rows(WATERMARK)
+    return int(rows[0][0]) if rows else 0

@@ -1,4 +1,5 @@
-"""Fixtures: a real server on 127.0.0.1 port 0 over a real SQLite file, in process or as a child."""
+"""Fixtures: a real server on 127.0.0.1 port 0, in process or as a child, over a real SQLite
+file or a real PostgreSQL database (tests marked ``both_backends`` run on each)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,13 @@ import asyncio
 import contextlib
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,60 @@ from tidal.cli.child import listening_port
 from tidal.cli.child import start as start_child
 from tidal.client import Client
 from tidal.server import Config, Server
+
+from .postgres import Cluster, fetch
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test about what tidal promises runs on both backends, when marked so."""
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "both_backends"
+    ):
+        metafunc.parametrize("backend", BACKENDS)
+
+
+@pytest.fixture
+def backend() -> str:
+    return "sqlite"
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    cluster = Cluster()
+    yield cluster
+    cluster.destroy()
+
+
+@dataclass
+class Database:
+    """Where a test's server keeps its state: ``target`` is what ``--db`` is given."""
+
+    backend: str
+    target: str
+
+    async def rows(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """A query of the database as it stands (``?`` placeholders on both backends)."""
+        if self.backend == "sqlite":
+            with contextlib.closing(sqlite3.connect(self.target)) as db:
+                return db.execute(sql, args).fetchall()
+        parts = sql.split("?")
+        numbered = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], 1))
+        return await fetch(self.target, numbered, *args)
+
+
+@pytest.fixture
+async def database(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Database]:
+    if backend == "sqlite":
+        yield Database(backend, str(tmp_path / "tidal.db"))
+        return
+    cluster: Cluster = request.getfixturevalue("pg_cluster")
+    name = await cluster.create()
+    yield Database(backend, cluster.url(name))
+    await cluster.drop(name)
 
 
 @contextlib.contextmanager
@@ -46,8 +103,8 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def server(db_path: Path) -> AsyncIterator[Server]:
-    srv = Server(Config(host="127.0.0.1", port=0, db=str(db_path)))
+async def server(database: Database) -> AsyncIterator[Server]:
+    srv = Server(Config(host="127.0.0.1", port=0, db=database.target))
     await srv.start()
     yield srv
     await srv.shutdown()
@@ -73,7 +130,7 @@ async def signal_p99(client: Client, n: int) -> float:
 class ServerProcess:
     """``tidal serve`` as a child process, so it can be killed for real."""
 
-    def __init__(self, db: Path, *extra: str, launcher: list[str] | None = None) -> None:
+    def __init__(self, db: str | Path, *extra: str, launcher: list[str] | None = None) -> None:
         self.db = db
         self.extra = extra
         self.launcher = launcher or [sys.executable, "-m", "tidal.cli"]
@@ -81,6 +138,12 @@ class ServerProcess:
         self.port = 0
         self.log: list[bytes] = []
         self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def file(self) -> Path:
+        """The SQLite file it serves (for the tests about the file itself)."""
+        assert isinstance(self.db, Path) or "://" not in self.db, "not a SQLite file"
+        return Path(self.db)
 
     async def start(self) -> ServerProcess:
         self.log = []
@@ -142,7 +205,7 @@ class ServerProcess:
 class BlockingServer:
     """``tidal serve`` as a child, for tests without an event loop (the blocking client)."""
 
-    def __init__(self, db: Path, *extra: str) -> None:
+    def __init__(self, db: str | Path, *extra: str) -> None:
         self.db, self.extra = db, extra
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
@@ -168,8 +231,8 @@ def blocking_server(db_path: Path) -> Iterator[BlockingServer]:
 
 
 @pytest.fixture
-async def process(db_path: Path) -> AsyncIterator[ServerProcess]:
-    proc = ServerProcess(db_path)
+async def process(database: Database) -> AsyncIterator[ServerProcess]:
+    proc = ServerProcess(database.target)
     yield proc
     if proc.proc is not None and proc.proc.returncode is None:
         await proc.kill9()

@@ -5,22 +5,27 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import sqlite3
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 
 from tidal.client import Client, Counts, Signal, Unavailable
 from tidal.server import Config, Server
 
-from .conftest import ServerProcess
+from .conftest import Database, ServerProcess
 from .test_durability import fail_once
 
+pytestmark = pytest.mark.both_backends
+WATERMARK = "SELECT value FROM meta WHERE key = 'aggregates_seq'"
 
-def recompute(db: Path, cohort_names: dict[int, str]) -> dict[str, dict[str, Any]]:
-    """Every entity's counts, from the ledger rows alone."""
+
+LEDGER_ROWS = "SELECT entity, kind, weight, forwarded, context FROM ledger ORDER BY seq"
+
+
+def recompute(rows: list[tuple[Any, ...]], cohort_names: dict[int, str]) -> dict[str, Any]:
+    """Every entity's counts, from the ledger rows alone (``LEDGER_ROWS``)."""
     out: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"ledger": {}, "cohorts": {}, "communities": {}}
     )
@@ -30,10 +35,6 @@ def recompute(db: Path, cohort_names: dict[int, str]) -> dict[str, dict[str, Any
         tally["count"] += 1
         tally["weight"] += weight
 
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT entity, kind, weight, forwarded, context FROM ledger ORDER BY seq"
-        ).fetchall()
     for entity, kind, weight, forwarded, context in rows:
         bump(out[entity]["ledger"], kind, weight)
         if forwarded and context:
@@ -57,7 +58,7 @@ def as_wire(counts: Counts) -> dict[str, Any]:
     }
 
 
-async def load(client: Client, db: Path, rng: random.Random, n: int) -> None:
+async def load(client: Client, db: Database, rng: random.Random, n: int) -> None:
     """Signals with integer weights (so sums are exact), leaves and rejoins, cohorts changing."""
     for i in range(n):
         user = rng.randrange(40)
@@ -88,42 +89,38 @@ async def load(client: Client, db: Path, rng: random.Random, n: int) -> None:
             await check(client, db)
 
 
-async def check(client: Client, db: Path) -> None:
-    with sqlite3.connect(db) as conn:
-        names = dict(conn.execute("SELECT id, name FROM cohorts").fetchall())
-    expected = recompute(db, names)
+async def check(client: Client, db: Database) -> None:
+    names = dict(await db.rows("SELECT id, name FROM cohorts"))
+    expected = recompute(await db.rows(LEDGER_ROWS), names)
     for entity in [f"e{i}" for i in range(5)]:
         got = as_wire(await client.counts(entity))
         want = expected.get(entity, {"ledger": {}, "cohorts": {}, "communities": {}})
         assert got == want, entity
 
 
-async def test_counts_equal_a_recompute_across_many_checkpoints(db_path: Path) -> None:
-    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=7, checkpoint_seconds=3600))
+async def test_counts_equal_a_recompute_across_many_checkpoints(database: Database) -> None:
+    config = Config(port=0, db=database.target, checkpoint_signals=7, checkpoint_seconds=3600)
+    server = Server(config)
     await server.start()
     try:
         async with await Client.connect(*server.address) as client:
-            await load(client, db_path, random.Random(11), 600)
-            await check(client, db_path)
-            with sqlite3.connect(db_path) as conn:
-                ((watermark,),) = conn.execute(
-                    "SELECT value FROM meta WHERE key = 'aggregates_seq'"
-                )
+            await load(client, database, random.Random(11), 600)
+            await check(client, database)
+            ((watermark,),) = await database.rows(WATERMARK)
             assert watermark > 0, "no checkpoint was written"
     finally:
         await server.shutdown()
     # a clean shutdown checkpoints everything: the table alone equals the ledger
-    with sqlite3.connect(db_path) as conn:
-        ((watermark,),) = conn.execute("SELECT value FROM meta WHERE key = 'aggregates_seq'")
-        ((last,),) = conn.execute("SELECT MAX(seq) FROM ledger")
+    ((watermark,),) = await database.rows(WATERMARK)
+    ((last,),) = await database.rows("SELECT MAX(seq) FROM ledger")
     assert watermark == last
 
 
-async def test_a_refused_commit_takes_back_what_its_signals_counted(db_path: Path) -> None:
+async def test_a_refused_commit_takes_back_what_its_signals_counted(database: Database) -> None:
     """Signals are counted when read: a commit refused (here one carrying a checkpoint)
     takes its signals back off, and what is left equals a recompute, before and after a
     restart."""
-    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=2))
+    server = Server(Config(port=0, db=database.target, checkpoint_signals=2))
     await server.start()
     try:
         fail_once(server, lambda batch: batch.checkpoint is not None and bool(batch.signals))
@@ -135,24 +132,24 @@ async def test_a_refused_commit_takes_back_what_its_signals_counted(db_path: Pat
                 except Unavailable:
                     refused += 1
             assert refused == 1
-            await check(client, db_path)
+            await check(client, database)
             assert (await client.stats())["signals"] == 11
     finally:
         await server.shutdown()
-    server = Server(Config(port=0, db=str(db_path)))
+    server = Server(Config(port=0, db=database.target))
     await server.start()
     try:
         async with await Client.connect(*server.address) as client:
-            await check(client, db_path)
+            await check(client, database)
     finally:
         await server.shutdown()
 
 
-async def test_counts_under_concurrent_writes_never_go_back(db_path: Path) -> None:
+async def test_counts_under_concurrent_writes_never_go_back(database: Database) -> None:
     """Counts read beside the writer, across many commits and checkpoints, as writers go
     on: each shows at least what the last did, never more than was sent, and at the end
     exactly what was acknowledged."""
-    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=50))
+    server = Server(Config(port=0, db=database.target, checkpoint_signals=50))
     await server.start()
     per_writer, writers = 300, 4
     try:
@@ -186,30 +183,29 @@ async def test_counts_under_concurrent_writes_never_go_back(db_path: Path) -> No
         await server.shutdown()
 
 
-async def test_kill_9_between_checkpoints_replays_the_ledger(process: ServerProcess) -> None:
+async def test_kill_9_between_checkpoints_replays_the_ledger(
+    process: ServerProcess, database: Database
+) -> None:
     await process.start()
     rng = random.Random(5)
     async with await process.connect() as client:
-        await load(client, process.db, rng, 300)
+        await load(client, database, rng, 300)
     await process.kill9()
     await process.start()
     replayed = [re.search(rb"(\d+) ledger rows replayed", line) for line in process.log]
     assert any(m and int(m.group(1)) > 0 for m in replayed), b"".join(process.log)
     async with await process.connect() as client:
-        await check(client, process.db)
-        await load(client, process.db, rng, 100)
-        await check(client, process.db)
+        await check(client, database)
+        await load(client, database, rng, 100)
+        await check(client, database)
 
 
-async def test_the_ledger_keeps_what_every_signal_named(client: Client, db_path: Path) -> None:
+async def test_the_ledger_keeps_what_every_signal_named(client: Client, database: Database) -> None:
     await client.signal(1, "e", "view", attrs={"plan": "pro"})  # forwarded, matched nothing
     await client.leave(2)
     await client.signal(2, "e", "view", attrs={"plan": "free"}, communities=["c"])  # gated
     await client.signal(3, "e", "view")  # named nothing
-    with sqlite3.connect(db_path) as conn:
-        rows = conn.execute(
-            "SELECT user_id, forwarded, context FROM ledger ORDER BY seq"
-        ).fetchall()
+    rows = await database.rows("SELECT user_id, forwarded, context FROM ledger ORDER BY seq")
     contexts = [(u, f, msgpack.unpackb(c) if c else None) for u, f, c in rows]
     assert contexts == [
         (1, 1, [[], {"plan": "pro"}, []]),

@@ -6,6 +6,7 @@ CI runs 20 cycles; ``make crash`` runs 200 (TIDAL_CRASH_CYCLES).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import sqlite3
@@ -17,8 +18,8 @@ import pytest
 
 from tidal.client import Client, ConnectionLost, Signal
 
-from .conftest import ServerProcess
-from .test_aggregates import as_wire, recompute
+from .conftest import Database, ServerProcess
+from .test_aggregates import LEDGER_ROWS, as_wire, recompute
 
 CYCLES = int(os.environ.get("TIDAL_CRASH_CYCLES", "20"))
 USERS = 30
@@ -91,7 +92,7 @@ async def one_cycle(process: ServerProcess, rng: random.Random, book: Ledger) ->
         await c.close()
 
 
-async def check(process: ServerProcess, book: Ledger) -> list[str]:
+async def check(process: ServerProcess, book: Ledger, db: Database) -> list[str]:
     """Everything that contradicts what was acknowledged; empty when all holds."""
     wrong: list[str] = []
     await process.start()
@@ -102,33 +103,34 @@ async def check(process: ServerProcess, book: Ledger) -> list[str]:
             got = (await c.status(user)).status
             if got != status:
                 wrong.append(f"user {user}: acknowledged {status}, found {got}")
-        with sqlite3.connect(f"file:{process.db}?mode=ro", uri=True) as db:
-            query = "SELECT seq, user_id, entity FROM ledger"
-            rows = {seq: (user, entity) for seq, user, entity in db.execute(query)}
-            names = dict(db.execute("SELECT id, name FROM cohorts").fetchall())
+        query = "SELECT seq, user_id, entity FROM ledger"
+        rows = {seq: (user, entity) for seq, user, entity in await db.rows(query)}
+        names = dict(await db.rows("SELECT id, name FROM cohorts"))
         for seq, row in book.acked.items():
             if rows.get(seq) != row:
                 wrong.append(f"acknowledged signal seq {seq} {row} is missing: {rows.get(seq)}")
-        expected = recompute(process.db, names)
+        expected = recompute(await db.rows(LEDGER_ROWS), names)
         for entity in ENTITIES:
             want = expected.get(entity, {"ledger": {}, "cohorts": {}, "communities": {}})
             if as_wire(await c.counts(entity)) != want:
                 wrong.append(f"aggregates of {entity} differ from a recompute")
     await process.stop()
-    with sqlite3.connect(process.db) as db:
-        result = db.execute("PRAGMA quick_check").fetchone()
+    if db.backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(db.target)) as file:
+            result = file.execute("PRAGMA quick_check").fetchone()
         if result != ("ok",):
             wrong.append(f"quick_check: {result}")
     return wrong
 
 
-async def test_kill_9_under_load_loses_nothing_acknowledged(db_path: Path) -> None:
-    process = ServerProcess(db_path)
+@pytest.mark.both_backends
+async def test_kill_9_under_load_loses_nothing_acknowledged(database: Database) -> None:
+    process = ServerProcess(database.target)
     rng = random.Random(int(os.environ.get("TIDAL_CRASH_SEED", "7")))
     book = Ledger()
     for cycle in range(CYCLES):
         await one_cycle(process, rng, book)
-        wrong = await check(process, book)
+        wrong = await check(process, book, database)
         assert not wrong, f"cycle {cycle}: " + "; ".join(wrong[:5])
         book.in_doubt.clear()
     print(
@@ -137,14 +139,14 @@ async def test_kill_9_under_load_loses_nothing_acknowledged(db_path: Path) -> No
     )
 
 
-async def test_the_check_catches_a_server_that_acks_before_committing(db_path: Path) -> None:
+async def test_the_check_catches_a_server_that_acks_before_committing(database: Database) -> None:
     unsafe = [sys.executable, str(Path(__file__).with_name("unsafe_server.py"))]
-    process = ServerProcess(db_path, launcher=unsafe)
+    process = ServerProcess(database.target, launcher=unsafe)
     rng = random.Random(3)
     book = Ledger()
     for cycle in range(CYCLES):
         await one_cycle(process, rng, book)
-        if wrong := await check(process, book):
+        if wrong := await check(process, book, database):
             print(f"caught in cycle {cycle}: {wrong[0]}")
             return
         book.in_doubt.clear()

@@ -40,8 +40,8 @@ async def test_flipped_bytes_in_a_table_stop_the_boot(process: ServerProcess) ->
     await process.start()
     await write_some(process)
     assert await process.stop() == 0  # clean: everything is in the main file
-    page_size, root = page_size_and_root(process.db, "ledger")
-    overwrite(process.db, (root - 1) * page_size, b"\xff" * 64)  # the root page's header
+    page_size, root = page_size_and_root(process.file, "ledger")
+    overwrite(process.file, (root - 1) * page_size, b"\xff" * 64)  # the root page's header
     with pytest.raises(AssertionError, match=r"integrity check|malformed"):
         await process.start()
     assert process.proc is not None and process.proc.returncode == 2
@@ -49,7 +49,7 @@ async def test_flipped_bytes_in_a_table_stop_the_boot(process: ServerProcess) ->
 
 
 async def test_a_file_that_is_not_a_database_stops_the_boot(process: ServerProcess) -> None:
-    process.db.write_bytes(b"this is not SQLite at all" * 100)
+    process.file.write_bytes(b"this is not SQLite at all" * 100)
     with pytest.raises(AssertionError, match="not a database"):
         await process.start()
     assert process.proc is not None and process.proc.returncode == 2
@@ -59,7 +59,7 @@ async def test_a_truncated_wal_boots_on_what_it_holds_intact(process: ServerProc
     await process.start()
     await write_some(process, 200)
     await process.kill9()  # the last commits are still only in the WAL
-    wal = process.db.with_name(process.db.name + "-wal")
+    wal = process.file.with_name(process.file.name + "-wal")
     size = wal.stat().st_size
     assert size > 0, "expected a WAL after kill -9"
     os.truncate(wal, size - size // 3 - 17)  # cut through the middle of a frame
@@ -71,7 +71,7 @@ async def test_a_truncated_wal_boots_on_what_it_holds_intact(process: ServerProc
         assert 0 <= total <= 200
         await c.signal(1, "e0", "view")  # and it takes writes again
     assert await process.stop() == 0
-    with sqlite3.connect(process.db) as conn:
+    with sqlite3.connect(process.file) as conn:
         assert conn.execute("PRAGMA quick_check").fetchone() == ("ok",)
         (rows,) = conn.execute("SELECT COUNT(*) FROM ledger").fetchone()
         assert rows == total + 1

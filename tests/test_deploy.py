@@ -119,6 +119,32 @@ def test_prometheus_is_published_on_loopback_unless_asked() -> None:
         assert len(published) == 1 and expected in published[0], ports
 
 
+def test_the_postgres_profile_points_tidal_at_a_healthy_postgres() -> None:
+    compose = need(
+        "docker-compose", "apt-get install docker-compose (make test installs it as root)"
+    )
+    env = dict(os.environ, TIDAL_TOKEN="t", TIDAL_PG_PASSWORD="pw")
+    done = subprocess.run(
+        [compose, "--profile", "postgres", "config"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    postgres, tidal = services["postgres"], services["tidal-pg"]
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+    volumes = [
+        v if isinstance(v, str) else f"{v['source']}:{v['target']}" for v in postgres["volumes"]
+    ]
+    assert any(v.startswith("pg-data:/var/lib/postgresql/data") for v in volumes)  # named
+    assert tidal["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert tidal["environment"]["TIDAL_DB"].startswith("postgresql://tidal@postgres:5432/")
+    assert tidal["environment"]["PGPASSWORD"] == "pw"  # from the environment, never the file
+    assert "pw" not in (ROOT / "docker-compose.yml").read_text()
+
+
 def test_the_image_as_built_runs_healthy_with_the_compose_settings(tmp_path: Path) -> None:
     build, final = stages()
     compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

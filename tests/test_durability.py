@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import random
 import signal
@@ -21,7 +22,9 @@ from tidal.server.batch import Batch
 from tidal.server.errors import DatabaseUnusable, StorageFailure
 from tidal.server.schema import SCHEMA_VERSION
 
-from .conftest import ServerProcess
+from .conftest import Database, ServerProcess
+
+pytestmark = pytest.mark.both_backends
 
 
 def wrap_commit(
@@ -158,7 +161,9 @@ async def test_a_hard_commit_failure_refuses_writes_but_serves_reads(server: Ser
         assert await c.ping() == "pong"
 
 
-async def test_kill_9_loses_no_acknowledged_write(process: ServerProcess) -> None:
+async def test_kill_9_loses_no_acknowledged_write(
+    process: ServerProcess, database: Database
+) -> None:
     await process.start()
     rng = random.Random(4)
     acked_signals: dict[str, int] = {}
@@ -204,8 +209,9 @@ async def test_kill_9_loses_no_acknowledged_write(process: ServerProcess) -> Non
             ledger = (await c.counts(entity)).ledger
             count = ledger["view"].count if ledger else 0
             assert acked <= count <= sent_signals[entity], entity
-    with sqlite3.connect(process.db) as db:
-        assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
+    if database.backend == "sqlite":
+        with contextlib.closing(sqlite3.connect(database.target)) as db:
+            assert db.execute("PRAGMA quick_check").fetchone() == ("ok",)
 
 
 async def test_sigterm_under_load_answers_what_it_read_and_exits_0(

@@ -15,7 +15,9 @@ from tidal.client import Client, InvalidParams, Signal
 from tidal.server import Config, Server
 from tidal.server.schema import MIGRATIONS, SCHEMA_VERSION
 
-from .conftest import ServerProcess
+from .conftest import Database, ServerProcess
+
+pytestmark = pytest.mark.both_backends
 
 
 async def test_a_repeated_key_gets_the_first_ack_and_counts_once(client: Client) -> None:
@@ -48,9 +50,9 @@ async def test_keys_hold_across_a_restart(process: ServerProcess) -> None:
         assert (await c.counts("e")).ledger["view"].count == 1
 
 
-async def test_keys_are_forgotten_past_the_window_or_the_cap(db_path: Path) -> None:
+async def test_keys_are_forgotten_past_the_window_or_the_cap(database: Database) -> None:
     now = time.time_ns()
-    server = Server(Config(port=0, db=str(db_path), idempotency_window=0.3), clock=lambda: now)
+    server = Server(Config(port=0, db=database.target, idempotency_window=0.3), clock=lambda: now)
     await server.start()
     try:
         async with await Client.connect(*server.address) as c:
@@ -61,7 +63,7 @@ async def test_keys_are_forgotten_past_the_window_or_the_cap(db_path: Path) -> N
             assert (await c.signal(4, "e", "view", key="k")).seq != first.seq
     finally:
         await server.shutdown()
-    server = Server(Config(port=0, db=str(db_path), idempotency_max_keys=2))
+    server = Server(Config(port=0, db=database.target, idempotency_max_keys=2))
     await server.start()
     try:
         async with await Client.connect(*server.address) as c:
@@ -82,11 +84,11 @@ async def test_keys_are_validated(client: Client, key: object, fragment: str) ->
         await client.call("signal", 1, "e", "view", 1.0, {"id": key})
 
 
-async def test_the_client_retries_keyed_signals_across_a_crash(db_path: Path) -> None:
+async def test_the_client_retries_keyed_signals_across_a_crash(database: Database) -> None:
     with socket.socket() as s:  # a fixed port, so the restarted server is found again
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = ServerProcess(db_path, "--port", str(port))
+    process = ServerProcess(database.target, "--port", str(port))
     await process.start()
     client = await Client.connect("127.0.0.1", port, auto_keys=True, timeout=10)
     acked: list[int] = []
@@ -106,8 +108,7 @@ async def test_the_client_retries_keyed_signals_across_a_crash(db_path: Path) ->
     await client.close()
     assert len(acked) == len(set(acked)) == 400
     await process.stop()
-    with sqlite3.connect(db_path) as db:
-        (rows,) = db.execute("SELECT COUNT(*) FROM ledger WHERE entity = 'retry'").fetchone()
+    ((rows,),) = await database.rows("SELECT COUNT(*) FROM ledger WHERE entity = 'retry'")
     assert rows == 400  # none lost, none counted twice
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import msgpack
+import pytest
 
 from tidal.client import Client, Tally
 from tidal.server import Server
 
 from .rawrpc import RawPeer
+
+pytestmark = pytest.mark.both_backends
 
 DE = {"country": "DE"}
 

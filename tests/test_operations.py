@@ -78,10 +78,10 @@ async def test_a_second_server_on_the_same_database_refuses_and_changes_nothing(
         # the same file, named directly and through a link: both refused
         link = tmp_path / "elsewhere"
         link.mkdir()
-        (link / "same.db").symlink_to(process.db)
-        for name in (process.db, link / "same.db"):
+        (link / "same.db").symlink_to(process.file)
+        for name in (process.file, link / "same.db"):
             done = await asyncio.to_thread(serve, name)
-            refused(done, f"pid {process.proc.pid}", f"{process.db}.lock", "another tidal")
+            refused(done, f"pid {process.proc.pid}", f"{process.file}.lock", "another tidal")
         (link / "same.db").unlink()
         link.rmdir()
         assert files(tmp_path) == before  # no migration, no file, not a byte
@@ -91,7 +91,7 @@ async def test_a_second_server_on_the_same_database_refuses_and_changes_nothing(
         assert (await first.leave(6)).status == "left"
         # and a backup still reads beside it
         done = await asyncio.to_thread(
-            tidal, "backup", str(tmp_path / "copy.db"), "--db", str(process.db)
+            tidal, "backup", str(tmp_path / "copy.db"), "--db", str(process.file)
         )
         assert done.returncode == 0, done.stderr
     with sqlite3.connect(tmp_path / "copy.db") as copy:
@@ -101,7 +101,7 @@ async def test_a_second_server_on_the_same_database_refuses_and_changes_nothing(
 async def test_a_kill_9_leaves_no_lock_behind(process: ServerProcess) -> None:
     await process.start()
     await process.kill9()
-    lock = Path(f"{process.db}.lock")
+    lock = Path(f"{process.file}.lock")
     assert await asyncio.to_thread(lock.exists)  # the file stays; the lock died with the process
     await process.start()
     async with await process.connect() as c:

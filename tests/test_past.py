@@ -16,10 +16,11 @@ from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
 from tidal.server import Config, Server, retention, userrows
 from tidal.server.schema import MIGRATIONS
 
-from .conftest import ServerProcess
+from .conftest import Database, ServerProcess
 from .rawrpc import RawPeer
 from .test_durability import fail_once
 
+pytestmark = pytest.mark.both_backends
 GOLD = {"tier": "gold"}
 
 
@@ -52,11 +53,11 @@ async def test_purge_withdraws_one_user_s_past_and_nobody_else_s(client: Client)
 
 
 async def test_purge_reaches_rows_in_the_table_and_in_memory_and_survives_restart(
-    db_path: Path,
+    database: Database,
 ) -> None:
     """With a checkpoint every 2 signals, the user's rows lie on both sides of the
     aggregates' watermark: some in the table, some only in memory."""
-    config = Config(port=0, db=str(db_path), checkpoint_signals=2)
+    config = Config(port=0, db=database.target, checkpoint_signals=2)
     server = Server(config)
     await server.start()
     async with await Client.connect(*server.address) as c:
@@ -87,12 +88,12 @@ async def test_leave_with_purge_answers_both_and_history_records_both(client: Cl
     assert history[0].at_ns == left.left_at_ns < history[1].at_ns
 
 
-async def test_leave_with_purge_is_one_step_for_every_reader(db_path: Path) -> None:
+async def test_leave_with_purge_is_one_step_for_every_reader(database: Database) -> None:
     """Pipelined [status, counts, status] from another connection, around a pipelined
     [signal, leave+purge, counts]: no counts sees the user Left with their past counted,
     or their past gone while Active. (A checkpoint every 2 signals puts the past in the
     table as well as in memory.)"""
-    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=2))
+    server = Server(Config(port=0, db=database.target, checkpoint_signals=2))
     await server.start()
     try:
         await one_step_for_every_reader(server)
@@ -135,8 +136,8 @@ async def one_step_for_every_reader(server: Server) -> None:
     reader.close()
 
 
-async def test_erase_deletes_the_rows_and_every_trace_but_the_event(db_path: Path) -> None:
-    server = Server(Config(port=0, db=str(db_path), checkpoint_signals=2))
+async def test_erase_deletes_the_rows_and_every_trace_but_the_event(database: Database) -> None:
+    server = Server(Config(port=0, db=database.target, checkpoint_signals=2))
     await server.start()
     try:
         async with await Client.connect(*server.address) as c:
@@ -158,13 +159,12 @@ async def test_erase_deletes_the_rows_and_every_trace_but_the_event(db_path: Pat
             assert (await c.stats())["ledger_rows"] == 4  # user 2's three, and the late one
     finally:
         await server.shutdown()
-    with sqlite3.connect(db_path) as db:
-        rows = db.execute("SELECT user_id, forwarded, kind FROM ledger WHERE user_id = 1")
-        assert rows.fetchall() == [(1, 0, "like")]  # only the gated one after the erase
-        keys = db.execute("SELECT seq FROM signal_keys WHERE key = 'k-1'").fetchall()
-        assert keys == [(late.seq,)]
-        events = db.execute("SELECT event, signals FROM history WHERE user_id = 1").fetchall()
-        assert events == [(4, 4)]
+    rows = await database.rows("SELECT user_id, forwarded, kind FROM ledger WHERE user_id = 1")
+    assert rows == [(1, 0, "like")]  # only the gated one after the erase
+    keys = await database.rows("SELECT seq FROM signal_keys WHERE key = 'k-1'")
+    assert keys == [(late.seq,)]
+    events = await database.rows("SELECT event, signals FROM history WHERE user_id = 1")
+    assert events == [(4, 4)]
 
 
 async def test_the_past_survives_kill_9(process: ServerProcess) -> None:
@@ -246,21 +246,17 @@ async def test_left_users_and_history_see_the_writes_read_before_them(server: Se
     peer.close()
 
 
-async def ledger_rows(db: Path) -> list[Any]:
-    def read() -> list[Any]:
-        with sqlite3.connect(db) as conn:
-            return conn.execute("SELECT user_id FROM ledger ORDER BY seq").fetchall()
-
-    return await asyncio.to_thread(read)
+async def ledger_rows(db: Database) -> list[Any]:
+    return await db.rows("SELECT user_id FROM ledger ORDER BY seq")
 
 
 async def test_retention_deletes_old_rows_and_leaves_counts_alone(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
+    database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(retention, "RETIRE_ROWS", 2)  # chunk after chunk, until caught up
     now = [1_700_000_000 * 10**9]
     day = 86_400 * 10**9
-    config = Config(port=0, db=str(db_path), checkpoint_signals=2)
+    config = Config(port=0, db=database.target, checkpoint_signals=2)
     server = Server(config, clock=lambda: now[0])
     await server.start()
     async with await Client.connect(*server.address) as c:
@@ -269,11 +265,13 @@ async def test_retention_deletes_old_rows_and_leaves_counts_alone(
         await c.signal(3, "song", "view", 5.0, communities=["x"])
         before = await c.counts("song")
     await server.shutdown()
-    server = Server(Config(port=0, db=str(db_path), ledger_retention=86_400), clock=lambda: now[0])
+    server = Server(
+        Config(port=0, db=database.target, ledger_retention=86_400), clock=lambda: now[0]
+    )
     await server.start()
     try:
         await asyncio.wait_for(server.engine.retention.caught_up.wait(), 10)
-        assert await ledger_rows(db_path) == [(3,)]  # the six of two days ago are gone
+        assert await ledger_rows(database) == [(3,)]  # the six of two days ago are gone
         async with await Client.connect(*server.address) as c:
             assert await c.counts("song") == before
             stats = await c.stats()
@@ -302,14 +300,14 @@ async def test_a_cohort_of_everyone_is_replayed_and_withdrawn(process: ServerPro
         assert (await c.counts("song")).cohorts == {"everyone": {"view": Tally(1, 1.0)}}
 
 
-def recompute(db: Path, entity: str) -> dict[str, Any]:
-    """An entity's counts recomputed from the ledger as it stands in the file: the ledger
-    layer from every row, cohorts (as defined now) and communities from forwarded rows."""
-    with sqlite3.connect(db) as conn:
-        names = dict(conn.execute("SELECT id, name FROM cohorts").fetchall())
-        rows = conn.execute(
-            "SELECT kind, weight, forwarded, context FROM ledger WHERE entity = ?", (entity,)
-        ).fetchall()
+async def recompute(db: Database, entity: str) -> dict[str, Any]:
+    """An entity's counts recomputed from the ledger as it stands in the database: the
+    ledger layer from every row, cohorts (as defined now) and communities from forwarded
+    rows."""
+    names = dict(await db.rows("SELECT id, name FROM cohorts"))
+    rows = await db.rows(
+        "SELECT kind, weight, forwarded, context FROM ledger WHERE entity = ?", entity
+    )
     out: dict[str, Any] = {"ledger": {}, "cohorts": {}, "communities": {}}
 
     def bump(into: dict[str, Any], kind: str, weight: float) -> None:
@@ -333,12 +331,12 @@ def as_dict(counts: Counts) -> dict[str, Any]:
 
 
 async def test_purge_and_erase_find_rows_across_blocks_and_restarts(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
+    database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Blocks of 4 rows, so that a user's rows are spread over many blocks of ledger_users
     and memory; checked against the file itself."""
     monkeypatch.setattr(userrows, "BLOCK", 4)
-    config = Config(port=0, db=str(db_path), checkpoint_signals=5)
+    config = Config(port=0, db=database.target, checkpoint_signals=5)
     expected_purged = dict.fromkeys(range(6), 0)
     for round_ in range(3):
         server = Server(config)
@@ -354,18 +352,17 @@ async def test_purge_and_erase_find_rows_across_blocks_and_restarts(
             for user in (1, 4):
                 assert (await c.purge(user)).signals == expected_purged[user]
                 expected_purged[user] = 0
-            assert as_dict(await c.counts("song")) == recompute(db_path, "song")
+            assert as_dict(await c.counts("song")) == await recompute(database, "song")
         await server.shutdown()
     server = Server(config)
     await server.start()
     async with await Client.connect(*server.address) as c:
         assert (await c.erase(2)).signals == 3 * 7  # i % 6 == 2 for 7 of 40, each round
         assert (await c.purge(3)).signals == expected_purged[3]
-        assert as_dict(await c.counts("song")) == recompute(db_path, "song")
+        assert as_dict(await c.counts("song")) == await recompute(database, "song")
         assert (await c.erase(2)).signals == 0
     await server.shutdown()
-    with sqlite3.connect(db_path) as db:
-        blocks = db.execute("SELECT first_seq, users FROM ledger_users").fetchall()
+    blocks = await database.rows("SELECT first_seq, users FROM ledger_users")
     assert len(blocks) >= 25
     listed = [user for _, block in blocks for user in array("q", block)]
     assert 2 not in listed and 3 in listed  # an erased user leaves no trace of their rows
@@ -392,7 +389,8 @@ async def test_a_version_2_database_gets_its_past_findable(
         async with await Client.connect(*server.address) as c:
             assert (await c.counts("song")).communities == {"x": {"view": Tally(10, 10.0)}}
             assert (await c.purge(1)).signals == 4  # seqs 1, 4, 7 and 10
-            assert as_dict(await c.counts("song")) == recompute(db_path, "song")
+            file = Database("sqlite", str(db_path))
+            assert as_dict(await c.counts("song")) == await recompute(file, "song")
             assert await c.history(7) == [Event("leave", 1234, None)]
     finally:
         await server.shutdown()

@@ -20,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from tidal.client import Client, Counts, Membership
 from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError
 
-from .conftest import BlockingServer, ServerProcess
+from .conftest import BACKENDS, BlockingServer, Database, ServerProcess
+from .postgres import Cluster
 from .test_past import as_dict, recompute
 
 USERS = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1])
@@ -160,14 +161,22 @@ class TidalMachine(RuleBasedStateMachine):
     """Rules are requests to a real ``tidal serve`` on a real file; SIGTERM and kill -9
     restarts are rules too. Integer weights: the sums are exact, so they compare equal."""
 
+    #: the PostgreSQL the session started, for ``PostgresMachine`` (set by ``_cluster``)
+    cluster: Cluster | None = None
+    backend = "sqlite"
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.tmp = tempfile.TemporaryDirectory(prefix="tidal-model-")
         # checkpoint every few signals, so restarts cross checkpoints and replays
-        self.server = ServerProcess(Path(self.tmp.name) / "model.db", "--checkpoint-signals", "3")
+        self.db = Database(self.backend, self.database())
+        self.server = ServerProcess(self.db.target, "--checkpoint-signals", "3")
         self.model = Model()
         self.client: Client | None = None
+
+    def database(self) -> str:
+        return str(Path(self.tmp.name) / "model.db")
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -279,7 +288,7 @@ class TidalMachine(RuleBasedStateMachine):
         for entity in ("a", "b"):
             counts = self.run(self.c.counts(entity))
             assert wire(counts) == self.model.counts_of(entity)
-            assert as_dict(counts) == recompute(self.server.db, entity)  # the file agrees
+            assert as_dict(counts) == self.run(recompute(self.db, entity))  # the database agrees
         assert self.run(self.c.stats())["ledger_rows"] == len(self.model.rows)
         left = self.run(self.c.left_users())
         assert left.users == sorted(
@@ -287,13 +296,36 @@ class TidalMachine(RuleBasedStateMachine):
         )
 
 
-TidalMachine.TestCase.settings = settings(
-    max_examples=25,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+class PostgresMachine(TidalMachine):
+    """The same rules, on a PostgreSQL database of its own."""
+
+    backend = "postgresql"
+
+    def database(self) -> str:
+        assert self.cluster is not None
+        self.name = self.run(self.cluster.create())
+        return self.cluster.url(self.name)
+
+    def teardown(self) -> None:
+        super().teardown()
+        assert self.cluster is not None
+        asyncio.run(self.cluster.drop(self.name))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _cluster(pg_cluster: Cluster) -> None:
+    TidalMachine.cluster = pg_cluster
+
+
+for machine in (TidalMachine, PostgresMachine):
+    machine.TestCase.settings = settings(
+        max_examples=25,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 test_server_matches_the_model = TidalMachine.TestCase
+test_server_on_postgresql_matches_the_model = PostgresMachine.TestCase
 
 
 # -- fuzzing what the server reads -------------------------------------------------------
@@ -331,11 +363,15 @@ METHODS = st.sampled_from(
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def live_server() -> Iterator[int]:
-    """One server process for every fuzzed request."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def live_server(request: pytest.FixtureRequest, pg_cluster: Cluster) -> Iterator[int]:
+    """One server process for every fuzzed request, on each backend."""
     with tempfile.TemporaryDirectory(prefix="tidal-fuzz-") as tmp:
-        server = BlockingServer(Path(tmp) / "f.db").start()
+        if request.param == "sqlite":
+            target = str(Path(tmp) / "f.db")
+        else:
+            target = pg_cluster.url(asyncio.run(pg_cluster.create()))
+        server = BlockingServer(target).start()
         yield server.port
         assert server.stop() == 0
 

@@ -11,23 +11,28 @@ import sys
 
 from tidal.cli import main
 from tidal.server.batch import Batch, Later
-from tidal.server.storage import Storage
-
-_commit = Storage.commit
-
-
-async def ack_first(self: Storage, batch: Batch) -> None:
-    early = [r for r in batch.replies if not isinstance(r[2], Later)]
-    batch.replies = [r for r in batch.replies if isinstance(r[2], Later)]
-    for conn, msgid, result in early:
-        conn.reply(msgid, result)
-    for conn in {r[0] for r in early}:
-        conn.flush()
-    await asyncio.sleep(0.005)  # the window a crash can fall into
-    await _commit(self, batch)
+from tidal.server.storage_pg import PgStorage
+from tidal.server.storage_sqlite import SqliteStorage
 
 
-Storage.commit = ack_first  # type: ignore[method-assign]
+def acks_first(storage: type[SqliteStorage] | type[PgStorage]) -> None:
+    commit = storage.commit
+
+    async def ack_first(self: SqliteStorage | PgStorage, batch: Batch) -> None:
+        early = [r for r in batch.replies if not isinstance(r[2], Later)]
+        batch.replies = [r for r in batch.replies if isinstance(r[2], Later)]
+        for conn, msgid, result in early:
+            conn.reply(msgid, result)
+        for conn in {r[0] for r in early}:
+            conn.flush()
+        await asyncio.sleep(0.005)  # the window a crash can fall into
+        await commit(self, batch)  # type: ignore[arg-type]
+
+    storage.commit = ack_first  # type: ignore[method-assign]
+
+
+acks_first(SqliteStorage)
+acks_first(PgStorage)
 
 if __name__ == "__main__":
     sys.exit(main())
