@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint pytest tools bench crash pg-faults clean
+.PHONY: run test lint pytest tools bench crash clean
 
 # tidal is installed into .venv, not linked to the sources (pip install -e): setup.py
 # compiles the hot modules with mypyc where a C compiler is found (pure Python where not),
@@ -56,11 +56,6 @@ lint: $(STAMP)
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)
 	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s --timeout 1800
-
-# PostgreSQL stopped with -m immediate under load, then started again: kept out of
-# `make test` while it fails about 1 run in 3 (see tests/test_postgres.py).
-pg-faults: $(STAMP) tools
-	TIDAL_PG_FAULTS=1 $(BIN)/python -m pytest tests/test_postgres.py -k stopped
 
 # Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
 # Installs Redis from Debian if missing (needs root and apt).

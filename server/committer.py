@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 from tidal.protocol import ErrorCode
 
 from .batch import Batch, Later, Replier
-from .errors import StorageFailure, Unavailable
+from .errors import CommitUnknown, StorageFailure, Unavailable
 from .metrics import Metrics
 from .storage import Storage
 
@@ -71,6 +71,8 @@ class Committer:
         self.failed: str | None = None  # a commit failed for good: writes refused
         self.full: str | None = None  # the last commit failed, and later ones may not
         self.full_state = "full"  # ... as health reports it: full, or unavailable
+        #: set while a commit's outcome is being found out (its answer was lost): writes refused
+        self.unknown: str | None = None
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
         self.table_reads = 0  # reads of the aggregates table beside the writer (``reads``)
         self._reads_ended: asyncio.Future[None] | None = None  # the writer waits for them
@@ -96,6 +98,11 @@ class Committer:
             raise Unavailable(
                 f"storage failed ({self.failed}); writes are refused until the server"
                 " is restarted on a healthy disk"
+            )
+        if self.unknown is not None:
+            raise Unavailable(
+                f"storage unavailable: {self.unknown}; writes are refused until its outcome is"
+                " known; nothing of this request was saved"
             )
         return self.open
 
@@ -169,7 +176,7 @@ class Committer:
                 await self._reads_ended
             began = time.perf_counter()
             try:
-                await self._storage.commit(batch)
+                await self._commit(batch)
             except StorageFailure as exc:
                 self._fail(batch, exc)
             except Exception as exc:  # a bug must not pass for a commit
@@ -182,6 +189,32 @@ class Committer:
                 self._deliver(batch)
             finally:
                 self.inflight = None
+
+    async def _commit(self, batch: Batch) -> None:
+        """Returns once ``batch`` has committed; raises ``StorageFailure`` if it has not.
+
+        If the answer to its COMMIT was lost, the open batch, built on it, is refused at
+        once (it cannot commit before the outcome is known, and may be wrong after), and so
+        is every write until then; replies that depend on ``batch`` wait for the outcome.
+        """
+        try:
+            await self._storage.commit(batch)
+        except CommitUnknown as unknown:
+            log.error("%s; writes are refused until its outcome is known", unknown)
+            self.unknown = str(unknown)
+            later = self.open
+            for change in reversed(later.undo):
+                change.undo()
+            self.open = Batch(later.first_seq)
+            self._steps.failed(later, self.open)
+            self._hold(False)
+            self._refuse(
+                (later,), f"storage unavailable: {unknown}; nothing of this request was saved"
+            )
+            try:
+                await unknown.settle()
+            finally:
+                self.unknown = None
 
     def wake(self) -> None:
         """Start the writer if it waits for work (it re-checks the open batch after each commit)."""
@@ -227,8 +260,13 @@ class Committer:
             message = f"storage unavailable: {exc}; whether this request was saved is unknown"
         else:
             message = f"storage unavailable: {exc}; nothing of this request was saved"
+        self._refuse((batch, later), message)
+
+    def _refuse(self, batches: tuple[Batch, ...], message: str) -> None:
+        """Error 2 for every reply that depended on ``batches``; a report (health) is
+        answered as things now are."""
         touched: dict[Replier, None] = {}
-        for failed in (batch, later):
+        for failed in batches:
             for conn, msgid, result in failed.replies:
                 if isinstance(result, Later):
                     if result.is_read:

@@ -8,6 +8,8 @@ on disk); ``StorageFailure`` is a commit that did not happen.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from tidal.protocol import ErrorCode
 
 
@@ -61,6 +63,16 @@ class StorageFailure(TidalError):
         self.transient = transient
         self.state = state
         self.outcome_unknown = outcome_unknown
+
+
+class CommitUnknown(TidalError):
+    """A COMMIT whose answer was lost: it may or may not have happened. ``settle`` finds out:
+    it returns if the commit happened and raises ``StorageFailure`` if it did not, or if that
+    cannot be known. Until then nothing may be built on it."""
+
+    def __init__(self, message: str, settle: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(message)
+        self.settle = settle
 
 
 class BackupFailed(TidalError):

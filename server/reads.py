@@ -203,6 +203,9 @@ class Reads:
             conn.reply(None, None)
             return
         committer = self._engine.committer
+        if committer.unknown is not None:  # the writer is busy finding out: say so now
+            conn.reply(msgid, self.health())
+            return
         batch = committer.open
         if committer.full is not None and committer.failed is None and not batch.probe:
             batch.probe = True
@@ -211,9 +214,12 @@ class Reads:
         committer.later(conn, msgid, HealthCheck(self.health))
 
     def health(self) -> dict[str, Any]:
-        failed, full = self._engine.committer.failed, self._engine.committer.full
+        committer = self._engine.committer
+        failed, full = committer.failed, committer.full
         if failed is not None:
             return report("failed", f"storage failed ({failed}); restart on a healthy disk")
+        if committer.unknown is not None:
+            return report("unavailable", f"{committer.unknown}; finding out whether it held")
         if full is not None:
             state = self._engine.committer.full_state
             return report(state, f"the last commit failed ({full}); writes are refused")

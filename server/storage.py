@@ -50,7 +50,8 @@ class Storage(Protocol):
 
     async def commit(self, batch: Batch) -> None:
         """The batch's reads, then its writes in one transaction; raises ``StorageFailure``
-        if it did not commit (and only then)."""
+        if it did not commit (and only then), or ``CommitUnknown`` if the answer to its
+        COMMIT was lost (PostgreSQL)."""
 
     async def read_counts(self, reads: list[CountsRead]) -> None:
         """The table's share of ``counts`` reads, beside the writer (see ``reads``)."""

@@ -30,7 +30,7 @@ from . import plans, schema_pg
 from .aggregates import CountsRead
 from .batch import Batch
 from .config import Durability, redact
-from .errors import DatabaseInUse, DatabaseUnusable, StorageFailure
+from .errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
 from .sqlbulk import (
     POSTGRES,
     SET_META,
@@ -127,6 +127,9 @@ class PgStorage:
                     " give this one another database"
                 )
             await schema_pg.migrate(writer, location)
+        except (asyncpg.PostgresError, *_LOST) as exc:  # a standby, no rights to create...
+            await _close(writer)
+            raise DatabaseUnusable(f"{location}: cannot set up tidal's tables: {exc}") from None
         except Exception:
             await _close(writer)
             raise
@@ -144,8 +147,11 @@ class PgStorage:
         try:
             wrote = await self._run(conn, plans.apply(POSTGRES, batch))
         except _CommitUnknown as exc:
-            await self._find_out(self._next_id, exc)
-            wrote = True
+            batch_id = self._next_id
+            raise CommitUnknown(
+                f"the connection to the database was lost during COMMIT ({exc})",
+                lambda: self._find_out(batch_id),
+            ) from exc
         except Exception as exc:
             raise self._failure("commit", exc, conn) from exc
         if wrote:
@@ -269,10 +275,9 @@ class PgStorage:
                 transient=False,
             )
 
-    async def _find_out(self, batch_id: int, lost: _CommitUnknown) -> None:
+    async def _find_out(self, batch_id: int) -> None:
         """Whether the COMMIT whose answer was lost happened: returns if it did, raises
         ``StorageFailure`` if it did not, or if that cannot be found out in time."""
-        log.error("the connection was lost during COMMIT (%s); finding out whether it held", lost)
         deadline = time.monotonic() + OUTCOME_WAIT
         delay = BACKOFF_FIRST
         while True:
@@ -306,6 +311,7 @@ class PgStorage:
         if last == batch_id:
             log.warning("the COMMIT held: reconnected to %s", self.location)
             self._last_id = batch_id
+            self.commits += 1
             return
         if last == self._last_id:
             raise StorageFailure(

@@ -9,10 +9,11 @@ that never reaches a log.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from tidal.client import Client, Unavailable
@@ -97,11 +98,6 @@ async def test_backup_of_a_postgresql_database_points_to_pg_dump(
     assert "pg_dump" in stderr and PASSWORD not in stderr
 
 
-@pytest.mark.skipif(
-    not os.environ.get("TIDAL_PG_FAULTS"),
-    reason="fails about 1 run in 3 (a signal unanswered for 10 s after PostgreSQL is back, and"
-    " the cluster then gone): under investigation; run it with make pg-faults",
-)
 async def test_the_database_stopped_under_load_then_back(
     pg_cluster: Cluster, database: Database
 ) -> None:
@@ -134,10 +130,12 @@ async def test_the_database_stopped_under_load_then_back(
     try:
         await acks.reach(500)
         await asyncio.to_thread(pg_cluster.stop, "immediate")
-        await refusals.reach(1)
-        health = await clients[0].health()
-        assert health["status"] == "failing" and health["storage"] == "unavailable", health
-        await asyncio.to_thread(pg_cluster.start)
+        try:
+            await refusals.reach(1)  # at once, even with a COMMIT's answer lost
+            health = await clients[0].health()
+            assert health["status"] == "failing" and health["storage"] == "unavailable", health
+        finally:
+            await asyncio.to_thread(pg_cluster.start)
         await acks.reach(acks.count + 200)  # without a restart of tidal
         assert (await clients[0].health())["status"] == "ok"
     finally:
@@ -152,3 +150,125 @@ async def test_the_database_stopped_under_load_then_back(
     missing = {seq: user for seq, user in acked.items() if rows.get(seq) != user}
     assert not missing, f"{len(missing)} acknowledged signals lost, e.g. {list(missing)[:5]}"
     assert all("storage unavailable" in e for e in errors), errors[:3]
+
+
+# -- a COMMIT whose answer is lost ---------------------------------------------------------
+
+#: Holds every tidal COMMIT (a deferred trigger on meta, which each transaction writes) while
+#: the test's session holds advisory lock 4242.
+HOLD_COMMITS = """
+CREATE FUNCTION tidal_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER tidal_test_hold AFTER INSERT OR UPDATE ON meta
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tidal_test_hold();
+"""
+COMMIT_WAITING = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted"
+)
+
+
+class Proxy:
+    """A TCP relay between tidal and PostgreSQL that can stop passing PostgreSQL's answers
+    (``deaf``) and cut tidal's connections: a network that loses an answer."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.deaf = False
+        self.links: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._link, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.links.append(writer)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, answers: bool) -> None:
+            while data := await src.read(65536):
+                if not (answers and self.deaf):
+                    dst.write(data)
+            dst.close()
+
+        await asyncio.gather(
+            pipe(reader, up_writer, False), pipe(up_reader, writer, True), return_exceptions=True
+        )
+
+    def cut(self) -> None:
+        for writer in self.links:
+            writer.transport.abort()
+        self.links.clear()
+        self.deaf = False
+
+    async def close(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+
+
+async def until(condition: Callable[[], Awaitable[bool]]) -> None:
+    """Polls a condition only the database can tell (a lock waited on, a row written)."""
+    for _ in range(500):
+        if await condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the database never reached the state the test waits for")
+
+
+async def test_a_commit_whose_answer_is_lost_is_settled_by_its_batch_id(
+    pg_cluster: Cluster, database: Database
+) -> None:
+    """Twice: a COMMIT that held but whose answer was lost is acknowledged, once; one that
+    did not hold (the database stopped under it) is refused. Meanwhile writes get error 2
+    at once and health says why."""
+    proxy = Proxy(pg_cluster.port)
+    port = await proxy.start()
+    process = await ServerProcess(
+        database.target.replace(f":{pg_cluster.port}/", f":{port}/")
+    ).start()
+    test = await asyncpg.connect(database.target)
+    try:
+        async with await process.connect() as c, await process.connect() as other:
+            await c.signal(1, "e", "view")
+            await test.execute(HOLD_COMMITS)
+            waiting = test.fetchval  # the held COMMIT shows as a lock waited on
+
+            # 1. it held, and the answer was lost
+            await test.execute("SELECT pg_advisory_lock(4242)")
+            before = await test.fetchval("SELECT value FROM meta WHERE key = 'batch_id'")
+            held = asyncio.create_task(c.signal(2, "e", "view"))
+            await until(lambda: waiting(COMMIT_WAITING))
+            proxy.deaf = True
+            await test.execute("SELECT pg_advisory_unlock(4242)")  # PostgreSQL commits
+            await until(
+                lambda: test.fetchval("SELECT value <> $1 FROM meta WHERE key = 'batch_id'", before)
+            )
+            proxy.cut()  # tidal never hears that it did
+            assert (await asyncio.wait_for(held, 30)).seq == 2  # acknowledged: it committed
+            assert (await c.signal(3, "e", "view")).seq == 3
+
+            # 2. it did not hold: the database stops under it
+            await test.execute("SELECT pg_advisory_lock(4242)")
+            lost = asyncio.create_task(c.signal(4, "e", "view"))
+            await until(lambda: waiting(COMMIT_WAITING))
+            await asyncio.to_thread(pg_cluster.stop, "immediate")
+            try:
+                with pytest.raises(Unavailable, match="outcome is known"):
+                    await asyncio.wait_for(other.signal(5, "e", "view"), 5)  # at once
+                health = await asyncio.wait_for(other.health(), 5)
+                assert health["storage"] == "unavailable", health
+                assert not lost.done()  # its fate is not known yet
+            finally:
+                await asyncio.to_thread(pg_cluster.start)
+            with pytest.raises(Unavailable, match="nothing of this request was saved"):
+                await asyncio.wait_for(lost, 30)
+            assert (await c.signal(6, "e", "view")).seq == 4  # seq 4 was never given out
+            assert (await c.counts("e")).ledger["view"].count == 4
+        assert await process.stop() == 0
+    finally:
+        if not test.is_closed():
+            await test.close()
+        await proxy.close()
+    rows = await database.rows("SELECT user_id FROM ledger ORDER BY seq")
+    assert rows == [(1,), (2,), (3,), (6,)]  # each acknowledged once, the refused one absent
