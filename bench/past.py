@@ -56,10 +56,10 @@ def build(db: Path, rows: int) -> None:
                     for s in range(start_, min(rows + 1, start_ + 200_000))
                 ),
             )  # fmt: skip
-        for layer, key in ((0, "''"), (1, "1"), (2, "'c1'")):
+        for layer, cohort, name in ((0, 0, "''"), (1, 1, "''"), (2, 0, "'c1'")):
             conn.execute(
-                f"INSERT INTO aggregates SELECT entity, {layer}, {key}, kind, COUNT(*),"
-                " SUM(weight) FROM ledger GROUP BY entity, kind"
+                f"INSERT INTO aggregates SELECT entity, {layer}, {cohort}, {name}, kind,"
+                " COUNT(*), SUM(weight) FROM ledger GROUP BY entity, kind"
             )
         conn.execute("INSERT INTO cohorts VALUES (1, 'de', ?)", (msgpack.packb({"country": "DE"}),))
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('next_cohort_id', 2)")

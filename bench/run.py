@@ -415,11 +415,11 @@ def fill_ledger(db: Path, rows: int) -> None:
                 ),
             )
         conn.execute(
-            "INSERT INTO aggregates SELECT entity, 0, '', kind, COUNT(*), SUM(weight)"
+            "INSERT INTO aggregates SELECT entity, 0, 0, '', kind, COUNT(*), SUM(weight)"
             " FROM ledger GROUP BY entity, kind"
         )
         conn.execute(
-            "INSERT INTO aggregates SELECT entity, 2, 'c1', kind, COUNT(*), SUM(weight)"
+            "INSERT INTO aggregates SELECT entity, 2, 0, 'c1', kind, COUNT(*), SUM(weight)"
             " FROM ledger GROUP BY entity, kind"
         )
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('aggregates_seq', ?)", (rows,))
@@ -471,6 +471,12 @@ def report(results: dict[str, Any]) -> str:
         "Workload: `signal` with one community and one attribute, a cohort defined on that",
         "attribute, 100,000 users, 1,000 entities.",
         "",
+        f"`{PG}`: PostgreSQL 15 from Debian, started by the run (`initdb` in a temporary",
+        "directory, default settings, `synchronous_commit` on), on the same two cores; a new",
+        "database for each run. Its CPU is tidal's and the PostgreSQL server's processes'",
+        "together (on SQLite the database's work is inside tidal's process); tidal's own",
+        "share is in square brackets.",
+        "",
         "## Signals per second (C clients x P pipelined)",
         "",
         "| system | " + " | ".join(labels) + " |",
@@ -490,6 +496,11 @@ def report(results: dict[str, Any]) -> str:
     lines += ["| system | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
     for system in systems:
         cells = [cpu_cell(shapes[system][s]) for s in labels]
+        if system == PG:
+            cells = [
+                f"{cell} [{shapes[system][s].get('tidal_cpu_us') or 0:.1f}]"
+                for cell, s in zip(cells, labels, strict=True)
+            ]
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     lines += [
         "",
