@@ -1,5 +1,8 @@
 # tidal: build a wheel in one stage, install it in a slim one that runs as a non-root user.
-FROM python:3.11-slim AS build
+# PYTHON_IMAGE: any Python 3.11 image; deploy/base-image.sh makes one from Debian's packages
+# for a site without Docker Hub.
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 # setup.py compiles the hot modules where a C compiler is found; this base has none, so
 # the image runs them as pure Python
@@ -10,7 +13,7 @@ COPY client ./client
 COPY cli ./cli
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin tidal \
     && mkdir -p /data \
     && chown tidal /data

@@ -30,9 +30,12 @@ pytest: $(STAMP) tools
 
 # From Debian, installed here when we are root with apt (as CI is); otherwise the tests
 # that need them fail and say what is missing. docker-compose checks the compose file
-# (tests/test_deploy.py); postgresql-15 is the real PostgreSQL the tests start themselves.
+# (tests/test_deploy.py); postgresql-15 is the real PostgreSQL the tests start themselves;
+# podman and debootstrap build and run the image for real (tests/test_image.py).
 APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
-             $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15)
+             $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15) \
+             $(if $(shell command -v podman),,podman) \
+             $(if $(shell command -v debootstrap),,debootstrap)
 tools:
 	@if [ -n "$(strip $(APT_TOOLS))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
