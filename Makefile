@@ -31,10 +31,15 @@ pytest: $(STAMP) tools
 # From Debian, installed here when we are root with apt (as CI is); otherwise the tests
 # that need them fail and say what is missing. docker-compose checks the compose file
 # (tests/test_deploy.py); postgresql-15 is the real PostgreSQL the tests start themselves;
-# podman and debootstrap build and run the image for real (tests/test_image.py).
+# podman and debootstrap build and run the image for real (tests/test_image.py), with runc
+# beside podman: its default runtime, crun, cannot start containers where cgroups are v1 or
+# hybrid, and deploy/oci-runtime.sh picks runc there. iptables drops a relay's packets: a
+# network to PostgreSQL that goes silent (tests/test_pg_wedge.py).
 APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
              $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15) \
              $(if $(shell command -v podman),,podman) \
+             $(if $(wildcard /usr/sbin/runc /usr/bin/runc),,runc) \
+             $(if $(wildcard /usr/sbin/iptables),,iptables) \
              $(if $(shell command -v debootstrap),,debootstrap)
 tools:
 	@if [ -n "$(strip $(APT_TOOLS))" ]; then \

@@ -13,6 +13,10 @@ mirror=${2:-$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/d
 mirror=${mirror:-http://deb.debian.org/debian}
 engine=$(command -v podman || command -v docker || true)
 [ -n "$engine" ] || { echo "base-image.sh: needs podman or docker" >&2; exit 2; }
+engine=("$engine")
+if [ "$(basename "${engine[0]}")" = podman ]; then  # crun cannot run on cgroups v1 or hybrid
+  engine+=(--runtime "$("$(dirname "$0")/oci-runtime.sh")")
+fi
 command -v debootstrap >/dev/null || { echo "base-image.sh: needs debootstrap (apt-get install debootstrap)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "base-image.sh: debootstrap needs root" >&2; exit 2; }
 
@@ -26,6 +30,6 @@ rm -f "$root"/usr/lib/python3.*/EXTERNALLY-MANAGED  # pip installs into the imag
 # the host's CA bundle: pip in a build step goes through the same TLS path as the host
 cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-tar -C "$root" -cf - . | "$engine" import --quiet \
+tar -C "$root" -cf - . | "${engine[@]}" import --quiet \
   --change 'ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$name" >/dev/null
 echo "$name"

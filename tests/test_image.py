@@ -10,6 +10,7 @@ healthcheck run`` (there is no systemd to run its timer).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -32,11 +33,26 @@ LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 pytestmark = pytest.mark.timeout(600)
 
 
+@functools.cache
+def runtime() -> str:
+    """The OCI runtime that starts containers on this host, found once: crun (podman's
+    default) cannot where cgroups are v1 or hybrid, runc can (``deploy/oci-runtime.sh``)."""
+    need("podman", "apt-get install podman (make test installs it as root)")
+    done = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "oci-runtime.sh")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(done.stderr.strip())
+    return done.stdout.strip()
+
+
 def podman(
     *args: str, check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
+    exe = need("podman", "apt-get install podman (make test installs it as root)")
     done = subprocess.run(
-        [need("podman", "apt-get install podman (make test installs it as root)"), *args],
+        [exe, "--runtime", runtime(), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -212,7 +228,8 @@ class Compose:
 
     def __call__(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [self.exe, *self.files, "-p", self.project, *args], cwd=ROOT, env=self.env,
+            [self.exe, "--podman-args", f"--runtime {runtime()}", *self.files,
+             "-p", self.project, *args], cwd=ROOT, env=self.env,
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
 
