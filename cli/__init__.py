@@ -142,8 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         given[f.name] = None if value == "" else value
     config = Config(**given)
     try:
-        run(config)
+        return run(config)
     except StartupError as exc:
         logging.getLogger("tidal.server").critical("%s", exc)
         return 2
-    return 0

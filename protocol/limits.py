@@ -32,3 +32,8 @@ KEY_MAX_BYTES: Final = 64  # a signal's idempotency key, context "id"
 #: |weight| at most this: a sum of 2**63 of them (more signals than seqs exist) stays
 #: far below a float's overflow, so no aggregate can become inf, or NaN from inf - inf.
 WEIGHT_MAX: Final = 1e12
+#: what a reply takes besides its result (the envelope, and a margin)
+REPLY_ENVELOPE: Final = 1024
+#: the smallest ``--max-message-size`` that works: room for the largest single item a reply
+#: carries (a cohort, its name and a predicate of MAX_PREDICATE_BYTES) or a request sends
+MIN_MESSAGE_SIZE: Final = 2 * REPLY_ENVELOPE + MAX_PREDICATE_BYTES

@@ -48,6 +48,8 @@ class Server:
         self._storage: Storage | None = None
         self._engine: Engine | None = None
         self._stopped = False
+        #: set if the last commits at shutdown did not all commit: ``run`` then exits 1
+        self.unclean: str | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
 
@@ -243,8 +245,15 @@ class Server:
             try:
                 await asyncio.wait_for(self._engine.close(), self.config.shutdown_timeout)
             except TimeoutError:
+                self.unclean = f"pending commits did not finish in {self.config.shutdown_timeout}s"
+            committer = self._engine.committer
+            if self.unclean is None and (committer.failed or committer.full):
+                self.unclean = f"the last commit failed ({committer.failed or committer.full})"
+            if self.unclean is not None:
                 log.error(
-                    "shutdown: pending commits did not finish in %ss", self.config.shutdown_timeout
+                    "shutdown: %s; what was acknowledged is on disk, and the next boot replays"
+                    " the ledger past the last checkpoint",
+                    self.unclean,
                 )
         for conn in list(self.connections):
             conn.transport.close()  # sends what is buffered, then closes
@@ -253,12 +262,14 @@ class Server:
         if self._lock is not None:
             self._lock.release()
 
-    async def serve(self, stop: asyncio.Event) -> None:
+    async def serve(self, stop: asyncio.Event) -> int:
+        """Serve until ``stop``; 0 if everything read was committed at the end, else 1."""
         await self.start()
         try:
             await stop.wait()
         finally:
             await self.shutdown()
+        return 1 if self.unclean else 0
 
 
 def _tls(config: Config) -> ssl.SSLContext | None:
@@ -293,18 +304,18 @@ def _is_loopback(host: str) -> bool:
         return False  # a name that might resolve anywhere
 
 
-def run(config: Config) -> None:
-    """Serve until SIGINT or SIGTERM, on uvloop when it is installed."""
+def run(config: Config) -> int:
+    """Serve until SIGINT or SIGTERM, on uvloop when it is installed; the exit status."""
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await Server(config).serve(stop)
+        return await Server(config).serve(stop)
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(main())
+        return runner.run(main())
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

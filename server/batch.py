@@ -64,7 +64,10 @@ class Batch:
     checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
     checkpoint_seq: int = 0
     users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py
-    keys: list[tuple[str, int, bool, int]] = field(default_factory=list)  # idempotency keys
+    #: idempotency keys: key -> (seq, forwarded, ts_ns). One entry per key, the last use:
+    #: a key can be used twice in one batch (its first use erased, or past the window or the
+    #: cap), and one upsert statement may not write a row twice
+    keys: dict[str, tuple[int, bool, int]] = field(default_factory=dict)
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order
     history: list[Event] = field(default_factory=list)
@@ -78,6 +81,7 @@ class Batch:
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to
+    searched: int = 0  # ledger rows the withdrawals will search (see ``Committer.ack``)
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0

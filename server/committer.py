@@ -20,15 +20,24 @@ from tidal.protocol import ErrorCode
 
 from .batch import Batch, Later, Replier
 from .errors import CommitUnknown, StorageFailure, Unavailable
+from .logs import Throttle
 from .metrics import Metrics
 from .storage import Storage
 
 log = logging.getLogger("tidal.engine")
+#: a refused commit, a line per cause at most every 10 s (a database away for a minute,
+#: with clients retrying, refuses thousands of batches)
+_refusals = Throttle(log)
 
 #: An open batch this large stops every connection until the writer takes it: what waits
 #: for a commit (rows, tallies, replies) stays bounded, and so does the commit's length.
 OPEN_SIGNALS: Final = 50_000
 OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communities and cohorts)
+#: ... or withdrawals (purges, erases) that search this many ledger rows in all: each
+#: searches every kept row's user (about 25 ms per million here), so one commit holds the
+#: writer for a bounded time however many are pipelined; the rest go in the next commits
+OPEN_SEARCH: Final = 2_000_000
+SEARCH_LEAST: Final = 10_000  # what a withdrawal counts for in a small ledger
 
 
 class Steps(Protocol):
@@ -114,7 +123,11 @@ class Committer:
         batch.writers.add(conn)
         if self._idle is not None:
             self.wake()
-        if batch.signals >= OPEN_SIGNALS or batch.fanout >= OPEN_FANOUT:
+        if (
+            batch.signals >= OPEN_SIGNALS
+            or batch.fanout >= OPEN_FANOUT
+            or batch.searched >= OPEN_SEARCH
+        ):
             self._hold(True)  # let go of when the writer takes this batch
 
     def answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
@@ -223,16 +236,20 @@ class Committer:
             idle.set_result(None)
 
     def _deliver(self, batch: Batch) -> None:
-        if batch.writes:
+        if batch.writes or batch.checkpoint is not None:  # storage took a write
             self.full = None
-        self._steps.committed(batch)
+        try:
+            self._steps.committed(batch)
+        except Exception:  # a bug: memory may be off, but the replies still go out
+            log.exception("taking in a committed batch failed")
         touched: dict[Replier, None] = {}
         for conn, msgid, result in batch.replies:
             if isinstance(result, Later):
                 if result.is_read:
                     conn.reading(False)
-                result = result.answer()
-            conn.reply(msgid, result)
+                answer(conn, msgid, result.answer)
+            else:
+                conn.reply(msgid, result)
             touched[conn] = None
         for conn in touched:
             conn.flush()
@@ -249,14 +266,26 @@ class Committer:
                 change.undo()
         self.open = Batch(batch.first_seq)
         self._steps.failed(batch, later)
-        if exc.transient:
+        if exc.data:  # the database is fine: only these writes are refused
+            _refusals(
+                "data", logging.ERROR, "%s; the writes in it were refused, later writes go on", exc
+            )
+        elif exc.transient:
             self.full = str(exc)
             self.full_state = exc.state
-            log.error("%s; the writes in it were refused, later writes will be tried", exc)
+            _refusals(
+                exc.state, logging.ERROR,
+                "%s; the writes in it were refused, later writes will be tried", exc,
+            )  # fmt: skip
         else:
             self.failed = str(exc)
             log.critical("%s; refusing all writes until restarted", exc)
-        if exc.outcome_unknown:
+        if exc.data:
+            message = (
+                f"storage unavailable: the database refused a value in this request's group"
+                f" commit ({exc}); nothing of this request was saved"
+            )
+        elif exc.outcome_unknown:
             message = f"storage unavailable: {exc}; whether this request was saved is unknown"
         else:
             message = f"storage unavailable: {exc}; nothing of this request was saved"
@@ -272,10 +301,22 @@ class Committer:
                     if result.is_read:
                         conn.reading(False)
                     if result.survives_failure:
-                        conn.reply(msgid, result.answer())
+                        answer(conn, msgid, result.answer)
                         touched[conn] = None
                         continue
                 conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
                 touched[conn] = None
         for conn in touched:
             conn.flush()
+
+
+def answer(conn: Replier, msgid: int | None, work: Callable[[], Any]) -> None:
+    """A reply worked out now. Whatever goes wrong in working it out is that request's
+    error (-32603), never the writer's or the reader's: they go on for everyone else."""
+    try:
+        result = work()
+    except Exception:
+        log.exception("internal error while answering msgid %s", msgid)
+        conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in this reply")
+    else:
+        conn.reply(msgid, result)

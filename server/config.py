@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
+from tidal.protocol.limits import MAX_PREDICATE_BYTES, MIN_MESSAGE_SIZE
 
 from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from .errors import BadSettings
@@ -127,7 +128,12 @@ class Config:
     def check(self) -> None:
         """Refuse settings that could only fail later, on some connection."""
         rules = [
-            (self.max_message_size >= 1024, "max_message_size: at least 1024 bytes"),
+            (
+                self.max_message_size >= MIN_MESSAGE_SIZE,
+                f"max_message_size: at least {MIN_MESSAGE_SIZE} bytes (room for the largest"
+                " single item a reply carries: a cohort, with its predicate of up to"
+                f" {MAX_PREDICATE_BYTES} bytes)",
+            ),
             (self.max_inflight >= 1, "max_inflight: at least 1"),
             (self.max_connections >= 1, "max_connections: at least 1"),
             (self.max_output_buffer >= 64 * 1024, "max_output_buffer: at least 65536 bytes"),

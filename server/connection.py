@@ -31,9 +31,13 @@ from .batch import Replier
 from .config import Config
 from .dispose import Disposer
 from .flow import FlowControl
+from .logs import Throttle
 from .metrics import Metrics
 
 log = logging.getLogger("tidal.connection")
+#: error replies, a line per code at most every 10 s: a client retrying against a database
+#: that is away would otherwise write megabytes of the same line
+_replies = Throttle(log)
 
 
 class Handler(Protocol):
@@ -263,7 +267,9 @@ class ServerConnection(asyncio.Protocol):
         if msgid is None:
             log.debug("notification from %s refused: %s", self.peer, message)
             return
-        log.warning("error %d to %s (msgid %d): %s", code, self.peer, msgid, message)
+        _replies(
+            code, logging.WARNING, "error %d to %s (msgid %d): %s", code, self.peer, msgid, message
+        )
         if self._metrics is not None:
             self._observe(msgid)
             self._metrics.error(int(code))

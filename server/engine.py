@@ -20,15 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
-from tidal.protocol.limits import (
-    MAX_FANOUT,
-)
+from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
 
 from . import ledger, params
 from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from .batch import Batch, Replier
 from .cohorts import Registry
-from .committer import Committer
+from .committer import SEARCH_LEAST, Committer
 from .errors import InvalidParams, MethodNotFound, RequestError
 from .keys import Keys
 from .members import Members
@@ -66,7 +64,7 @@ class Engine:
         self.storage = storage
         self._clock = clock
         self.connections = connections
-        self.reply_budget = max_reply - 1024  # the envelope, and a margin
+        self.reply_budget = max_reply - REPLY_ENVELOPE
         self.metrics = metrics
         self.members = Members.adopt(snapshot.left, snapshot.rejoined)
         self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
@@ -250,6 +248,8 @@ class Engine:
         """A purge or an erase of the user's rows read so far; the writer finds them."""
         withdrawal = Withdrawal(user_id, self._next_seq, erase, self._event_ns())
         batch.past.append(withdrawal)
+        # what finding the user's rows will cost the writer: a search of every kept row
+        batch.searched += max(self.ledger_rows, SEARCH_LEAST)
         batch.writes += 1
         self._event(batch, user_id, ERASE if erase else PURGE, withdrawal.at_ns, withdrawal)
         return withdrawal
@@ -296,7 +296,9 @@ class Engine:
             self.keys.forget_old(batch, self._clock())
         self.user_rows.prepare(batch)
         for w in batch.past:
-            w.recent = self.user_rows.recent(to_db(w.user_id), w.before_seq)
+            user = to_db(w.user_id)
+            w.recent = self.user_rows.recent(user, w.before_seq)
+            w.recent += [row[0] for row in batch.ledger if row[1] == user and row[0] < w.before_seq]
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""

@@ -49,7 +49,9 @@ class StorageFailure(TidalError):
     """A commit did not happen. ``transient`` failures (a full disk, a database out of
     reach) may pass; others latch. ``state``: what ``health`` reports for a transient one
     ("full", "unavailable"). ``outcome_unknown``: whether it happened cannot be known (a
-    COMMIT's answer lost, and the database not reachable to ask)."""
+    COMMIT's answer lost, and the database not reachable to ask). ``data``: the database
+    refused a value the batch carried, and is itself fine: that batch is refused, and
+    storage is not thought any the worse for it."""
 
     def __init__(
         self,
@@ -58,11 +60,13 @@ class StorageFailure(TidalError):
         transient: bool,
         state: str = "full",
         outcome_unknown: bool = False,
+        data: bool = False,
     ) -> None:
         super().__init__(message)
         self.transient = transient
         self.state = state
         self.outcome_unknown = outcome_unknown
+        self.data = data
 
 
 class CommitUnknown(TidalError):

@@ -55,7 +55,7 @@ class Keys:
         keys = self._keys
         batch.undo.append(_Put(self._keys, key, keys.pop(key, None)))
         keys[key] = ack  # at the end: the dict stays oldest first
-        batch.keys.append((key, *ack))
+        batch.keys[key] = ack
         if len(keys) > self._max_keys:
             # O(1) in an OrderedDict; a dict's first key is found past every slot
             # deleted before it, so evicting that way slows with every eviction

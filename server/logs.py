@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from datetime import UTC, datetime
 
 
@@ -33,3 +34,26 @@ def configure(level: str, form: str, libraries: str = "warning") -> None:
     root.handlers[:] = [handler]
     root.setLevel(libraries.upper())
     logging.getLogger("tidal").setLevel(level.upper())
+
+
+class Throttle:
+    """A line that can repeat many times a second (a refused batch, an error reply, while
+    a database is away): logged at once, then at most once per ``interval`` for each key,
+    saying how many like it were held back since the last one."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self._log = logger
+        self._interval = interval
+        self._next: dict[object, float] = {}  # key -> when it may be logged again
+        self._held: dict[object, int] = {}
+
+    def __call__(self, key: object, level: int, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next.get(key, 0.0):
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        self._next[key] = now + self._interval
+        held = self._held.pop(key, 0)
+        if held:
+            message += f" (and {held} more like it in the last {self._interval:.0f} s)"
+        self._log.log(level, message, *args)

@@ -117,10 +117,12 @@ def _value_text(value: str | bytes, where: str) -> str:
 
 
 # The signal path runs for every signal, so its checks come in two layers: an
-# inline test that passes the common case (ASCII strings, plain numbers) without
-# a function call, and, for anything else, the general check above, which is the
-# rule itself: it accepts what the inline test may have missed (non-ASCII text,
-# bin strings) or raises the error that names the argument.
+# inline test that passes the common case (ASCII strings without NUL, plain numbers)
+# without a function call, and, for anything else, the general check above, which is
+# the rule itself: it accepts what the inline test may have missed (non-ASCII text,
+# bin strings) or raises the error that names the argument. The inline test is only a
+# pre-filter: each of its conditions is one the rule also holds, so it never accepts
+# what the rule refuses (tests/test_storable.py sends what it might miss).
 
 
 def signal(params: list[Any], where: str = "") -> SignalArgs:
@@ -130,10 +132,20 @@ def signal(params: list[Any], where: str = "") -> SignalArgs:
     if type(uid) is not int or uid < 0 or uid > USER_ID_MAX:
         uid = user_id(uid, f"{where}user_id")
     entity = params[1]
-    if type(entity) is not str or not entity.isascii() or not 0 < len(entity) <= ENTITY_MAX_BYTES:
+    if (
+        type(entity) is not str
+        or not entity.isascii()
+        or not 0 < len(entity) <= ENTITY_MAX_BYTES
+        or "\x00" in entity
+    ):
         entity = text(entity, f"{where}entity", ENTITY_MAX_BYTES)
     kind = params[2]
-    if type(kind) is not str or not kind.isascii() or not 0 < len(kind) <= KIND_MAX_BYTES:
+    if (
+        type(kind) is not str
+        or not kind.isascii()
+        or not 0 < len(kind) <= KIND_MAX_BYTES
+        or "\x00" in kind
+    ):
         kind = text(kind, f"{where}kind", KIND_MAX_BYTES)
     if len(params) == 3:
         return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS, None))
@@ -174,7 +186,12 @@ def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scal
 def _communities(value: object, where: str) -> tuple[str, ...]:
     if type(value) is list and len(value) <= MAX_COMMUNITIES:
         for name in value:
-            if type(name) is not str or not name.isascii() or not 0 < len(name) <= NAME_MAX_BYTES:
+            if (
+                type(name) is not str
+                or not name.isascii()
+                or not 0 < len(name) <= NAME_MAX_BYTES
+                or "\x00" in name
+            ):
                 break
         else:  # all plain: a community named twice is counted once
             return tuple(value) if len(value) < 2 else tuple(dict.fromkeys(value))
@@ -189,11 +206,16 @@ def _communities(value: object, where: str) -> tuple[str, ...]:
 def _attrs(value: object, where: str) -> dict[str, Scalar]:
     if type(value) is dict and len(value) <= MAX_ATTRS:
         for key, item in value.items():
-            if type(key) is not str or not key.isascii() or not 0 < len(key) <= NAME_MAX_BYTES:
+            if (
+                type(key) is not str
+                or not key.isascii()
+                or not 0 < len(key) <= NAME_MAX_BYTES
+                or "\x00" in key
+            ):
                 break
             kind = type(item)
             if kind is str:
-                if not item.isascii() or len(item) > ATTR_VALUE_MAX_BYTES:
+                if not item.isascii() or len(item) > ATTR_VALUE_MAX_BYTES or "\x00" in item:
                     break
             elif kind is float:
                 if not math.isfinite(item):
@@ -339,7 +361,9 @@ def page(value: object, method: str, keys: tuple[str, ...], most: int) -> dict[s
 def cursor(value: object) -> Cursor:
     """The ``more`` of a previous ``counts`` reply, given back."""
     where = "page.after"
-    if type(value) is not list or len(value) != 3 or value[0] not in (0, 1, 2):
+    if type(value) is not list or len(value) != 3 or type(value[0]) is not int:
+        raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
+    if value[0] not in (0, 1, 2):
         raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
     layer, key, kind = value
     if layer == 1:

@@ -19,7 +19,6 @@ from .aggregates import CountsRead
 from .batch import Batch
 from .sqlbulk import (
     ADD_META,
-    AGGREGATES,
     SET_META,
     Begin,
     Bulk,
@@ -33,6 +32,7 @@ from .sqlbulk import (
     Rows,
     after_args,
     from_db,
+    put_aggregates,
     rows_of,
     slot_row,
     table_watermark,
@@ -142,13 +142,13 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
     if batch.cohorts:
         yield from _write_cohorts(batch)
-    yield Put(_KEYS, batch.keys)
+    yield Put(_KEYS, [(key, *ack) for key, ack in batch.keys.items()])
     if batch.probe:
         yield Exec(SET_META, ("health_probe_ns", time.time_ns()))
     if batch.forget_keys_before is not None:
         yield Exec("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
     if batch.checkpoint is not None:
-        yield Put(AGGREGATES, rows_of(batch.checkpoint))
+        yield from put_aggregates(rows_of(batch.checkpoint))
         yield Exec(SET_META, ("aggregates_seq", batch.checkpoint_seq))
     if batch.users_blocks:
         yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
@@ -158,8 +158,9 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         # rows are about to go, maybe the newest: a seq once acknowledged is never
         # given again, so the next boot must not take its next seq from what is left
         yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
+        blocks = (yield from storage_past.read_blocks()) if batch.past else {}
         for withdrawal in batch.past:
-            yield from storage_past.withdraw(d, withdrawal, watermark, batch.first_seq)
+            yield from storage_past.withdraw(d, withdrawal, watermark, blocks)
         if batch.retire is not None:
             yield from storage_past.retire(batch, watermark)
         deleted = batch.retired + sum(w.signals for w in batch.past if w.erase)

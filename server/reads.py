@@ -31,6 +31,7 @@ from tidal.protocol.limits import (
 from . import params
 from .aggregates import CountsRead
 from .batch import Later, Replier
+from .committer import answer
 from .errors import StorageFailure
 from .health import HealthCheck, report
 from .ledger import Row
@@ -125,7 +126,7 @@ class Reads:
                     conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in counts")
             else:
                 for conn, msgid, read in reads:
-                    conn.reply(msgid, read.answer())
+                    answer(conn, msgid, read.answer)
             touched: dict[Replier, None] = {}
             for conn, _, _ in reads:
                 committer.reading_table(False)

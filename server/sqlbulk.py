@@ -11,12 +11,15 @@ two's complement.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
 from .aggregates import Deltas
 from .ledger import COHORT, Slot
+
+log = logging.getLogger("tidal.storage")
 
 U64: Final = 2**64
 I64_MAX: Final = 2**63 - 1
@@ -71,6 +74,16 @@ class Put(NamedTuple):
     rows: Sequence[tuple[Any, ...]]
 
 
+class Try(NamedTuple):
+    """``Put``, in a savepoint: answered with None if the rows were written, or with the
+    database's reason if it refused them for their data (a value it cannot store: see
+    ``put_guarded``), the savepoint then rolled back and the transaction going on. Any other
+    failure fails the transaction, as a ``Put``'s does."""
+
+    bulk: Bulk
+    rows: Sequence[tuple[Any, ...]]
+
+
 class Begin(NamedTuple):
     """A write transaction: SQLite takes its write lock at once (``BEGIN IMMEDIATE``)."""
 
@@ -91,7 +104,7 @@ class Fill(NamedTuple):
     into: dict[Any, Any]
 
 
-Op: TypeAlias = Exec | Rows | Changed | Many | Put | Fill | Begin | Commit
+Op: TypeAlias = Exec | Rows | Changed | Many | Put | Try | Fill | Begin | Commit
 Plan: TypeAlias = Generator[Op, Any, T]
 
 
@@ -130,6 +143,36 @@ ADD_META: Final = (
     " ON CONFLICT (key) DO UPDATE SET value = meta.value + excluded.value"
 )
 WATERMARK: Final = "SELECT value FROM meta WHERE key = 'aggregates_seq'"
+
+
+def put_guarded(
+    bulk: Bulk, rows: Sequence[tuple[Any, ...]]
+) -> Plan[list[tuple[tuple[Any, ...], str]]]:
+    """Rows in, but for those the database refuses for their data, found by halves and
+    left out: each with the reason. One statement when every row is storable."""
+    if not rows:
+        return []
+    reason = yield Try(bulk, rows)
+    if reason is None:
+        return []
+    if len(rows) == 1:
+        return [(rows[0], reason)]
+    half = len(rows) // 2
+    refused = yield from put_guarded(bulk, rows[:half])
+    return refused + (yield from put_guarded(bulk, rows[half:]))
+
+
+def put_aggregates(rows: Sequence[tuple[Any, ...]]) -> Plan[None]:
+    """Aggregates rows, as ``AGGREGATES`` takes them. One the database cannot store (a name
+    written before tidal refused NUL, on PostgreSQL) is left out and logged, rather than
+    fail every checkpoint after it: the ledger keeps the rows it came from."""
+    for row, reason in (yield from put_guarded(AGGREGATES, rows)):
+        entity, layer, cohort, name, kind, count, _ = row
+        log.error(
+            "an aggregate the database cannot store is left out (%s): entity %r, layer %d,"
+            " cohort %d, name %r, kind %r, %+d signals",
+            reason, entity, layer, cohort, name, kind, count,
+        )  # fmt: skip
 
 
 def to_db(user_id: int) -> int:

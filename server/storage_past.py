@@ -10,7 +10,6 @@ from typing import Final
 from . import past, userrows
 from .batch import Batch
 from .sqlbulk import (
-    AGGREGATES,
     I64_MAX,
     Begin,
     Bulk,
@@ -20,9 +19,9 @@ from .sqlbulk import (
     Exec,
     Many,
     Plan,
-    Put,
     Rows,
     from_db,
+    put_aggregates,
     rows_of,
     to_db,
 )
@@ -41,7 +40,7 @@ SELECT_HISTORY: Final = """
 _SELECT_LEFT: Final = """
     SELECT user_id, left_at_ns FROM memberships
     WHERE "left" = 1 AND user_id BETWEEN ? AND ? ORDER BY user_id LIMIT ?"""
-_BLOCKS: Final = "SELECT first_seq, users FROM ledger_users WHERE first_seq < ?"
+_BLOCKS: Final = "SELECT first_seq, users FROM ledger_users"
 PUT_BLOCK: Final = (
     "INSERT INTO ledger_users (first_seq, users) VALUES (?, ?)"
     " ON CONFLICT (first_seq) DO UPDATE SET users = excluded.users"
@@ -49,9 +48,12 @@ PUT_BLOCK: Final = (
 _RETIRE_BLOCKS: Final = """
     DELETE FROM ledger_users WHERE first_seq IN (
         SELECT first_seq FROM ledger_users WHERE first_seq <= ? ORDER BY first_seq LIMIT ?)"""
+# the oldest rows, in seq order, that are old enough: a pass reads at most a chunk of rows,
+# and none past the first row still young (times follow seqs, but for a clock stepped back)
+_OLDEST: Final = "SELECT ts_ns FROM ledger ORDER BY seq LIMIT 1"
 _RETIRE: Final = """
     DELETE FROM ledger WHERE seq IN (
-        SELECT seq FROM ledger WHERE seq <= ? AND ts_ns < ? ORDER BY seq LIMIT ?)"""
+        SELECT seq FROM ledger WHERE seq <= ? ORDER BY seq LIMIT ?) AND ts_ns < ?"""
 
 
 def left_users(after: int | None, n: int) -> Plan[list[tuple[int, int]]]:
@@ -70,19 +72,42 @@ def left_users(after: int | None, n: int) -> Plan[list[tuple[int, int]]]:
     return rows
 
 
-def withdraw(d: Dialect, w: past.Withdrawal, watermark: int, first_seq: int) -> Plan[None]:
+def read_blocks() -> Plan[dict[int, bytes]]:
+    """Every block of ``ledger_users``, read once for all the withdrawals of a batch."""
+    return dict((yield Rows(_BLOCKS)))
+
+
+def withdraw(
+    d: Dialect, w: past.Withdrawal, watermark: int, blocks: dict[int, bytes]
+) -> Plan[None]:
     """A purge or an erase: change the user's rows, and take what they added off the
-    table now (rows up to ``watermark``) and off memory once committed (the rest)."""
+    table now (rows up to ``watermark``) and off memory once committed (the rest). A user
+    with no rows costs a search of ``blocks`` and no statement."""
     began = time.perf_counter()
     user = to_db(w.user_id)
-    blocks, seqs = yield from _seqs_of(w, user, first_seq)
-    listed = d.seqs(seqs)
+    mine_by_block = {}
+    seqs = set(w.recent)
+    for first, block in blocks.items():
+        if first < w.before_seq and (found := userrows.find(block, first, user)):
+            mine_by_block[first] = found
+            seqs.update(found)
+    listed = sorted(seq for seq in seqs if seq < w.before_seq)
+    if listed:
+        yield from _withdraw_rows(d, w, user, d.seqs(listed), watermark)
+        if w.erase:
+            for first, found in mine_by_block.items():  # no trace of the user in the blocks
+                blocks[first] = userrows.blank(blocks[first], first, found)
+                yield Exec(PUT_BLOCK, (first, blocks[first]))
+    w.seconds = time.perf_counter() - began
+
+
+def _withdraw_rows(
+    d: Dialect, w: past.Withdrawal, user: int, listed: object, watermark: int
+) -> Plan[None]:
     mine = f"{d.in_seqs} AND user_id = ?"  # a user's rows, by seq, in one argument
     if w.erase:
         erase_keys = f"DELETE FROM signal_keys WHERE {d.in_seqs} RETURNING key, seq"
         w.keys = yield Rows(erase_keys, (listed,))
-        for first, (block, rows) in blocks.items():  # no trace of the user in the blocks
-            yield Exec(PUT_BLOCK, (first, userrows.blank(block, first, rows)))
         query = (
             f"DELETE FROM ledger WHERE {mine}"
             " RETURNING seq, entity, kind, weight, forwarded, context"
@@ -94,34 +119,19 @@ def withdraw(d: Dialect, w: past.Withdrawal, watermark: int, first_seq: int) -> 
         )
     w.take((yield Rows(query, (listed, user))), watermark)
     if w.table:
-        yield Put(AGGREGATES, rows_of(w.table))
+        yield from put_aggregates(rows_of(w.table))
         yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table])
-    w.seconds = time.perf_counter() - began
-
-
-def _seqs_of(
-    w: past.Withdrawal, user: int, first_seq: int
-) -> Plan[tuple[dict[int, tuple[bytes, list[int]]], list[int]]]:
-    """The user's rows read before ``w``: in the blocks of ``ledger_users`` (returned too,
-    those that list the user, with where), in memory past them (``w.recent``), and in
-    this batch."""
-    blocks = {}
-    seqs = set(w.recent)
-    for first, block in (yield Rows(_BLOCKS, (w.before_seq,))):
-        mine = userrows.find(block, first, user)
-        if mine:
-            blocks[first] = (block, mine)
-            seqs.update(mine)
-    in_batch = "SELECT seq FROM ledger WHERE seq >= ? AND seq < ? AND user_id = ?"
-    seqs.update(seq for (seq,) in (yield Rows(in_batch, (first_seq, w.before_seq, user))))
-    return blocks, sorted(seq for seq in seqs if seq < w.before_seq)
 
 
 def catch_up_blocks(next_seq: int) -> Plan[tuple[int, list[int]]]:
     """Write the blocks of ``ledger_users`` that rows already written fill (a database
     from before the table, or rows committed since the last block); the users past them."""
     ((last,),) = yield Rows("SELECT MAX(first_seq) FROM ledger_users")
-    start = 1 if last is None else last + userrows.BLOCK
+    if last is not None:
+        start = last + userrows.BLOCK
+    else:  # none yet, or retention has taken them all: from the block of the oldest kept row
+        ((oldest,),) = yield Rows("SELECT MIN(seq) FROM ledger")
+        start = userrows.block_of(next_seq if oldest is None else oldest)
     rows = "SELECT seq, user_id FROM ledger WHERE seq >= ? AND seq < ? ORDER BY seq"
 
     def users(first: int, end: int) -> Plan[list[int]]:
@@ -146,7 +156,11 @@ def retire(batch: Batch, watermark: int) -> Plan[None]:
     """A chunk of ledger retention; then the blocks of ``ledger_users`` no row is left in."""
     assert batch.retire is not None
     before_ns, most = batch.retire
-    batch.retired = yield Changed(_RETIRE, (watermark, before_ns, most))
+    oldest = yield Rows(_OLDEST)
+    if not oldest or oldest[0][0] >= before_ns:  # nothing is old enough: one row read
+        batch.retired = 0
+        return
+    batch.retired = yield Changed(_RETIRE, (watermark, most, before_ns))
     ((first,),) = yield Rows("SELECT MIN(seq) FROM ledger")
     first = first if first is not None else watermark + 1
     yield Changed(_RETIRE_BLOCKS, (first - userrows.BLOCK, most))

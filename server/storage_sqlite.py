@@ -37,6 +37,7 @@ from .sqlbulk import (
     Plan,
     Put,
     Rows,
+    Try,
 )
 from .storage import Snapshot
 
@@ -123,6 +124,8 @@ class SqliteStorage:
         try:
             wrote = await self._db.run(lambda db: run(db, plans.apply(SQLITE, batch)))
         except sqlite3.Error as exc:
+            if is_data_error(exc):
+                raise StorageFailure(f"commit refused: {exc}", transient=True, data=True) from exc
             code = getattr(exc, "sqlite_errorcode", None)
             raise StorageFailure(
                 f"commit failed: {exc}", transient=code == sqlite3.SQLITE_FULL
@@ -168,6 +171,8 @@ def run(db: sqlite3.Connection, plan: Plan[T]) -> T:
             if isinstance(op, Put):
                 if op.rows:
                     _write_all(db, op.bulk, op.rows)
+            elif isinstance(op, Try):
+                result = _try(db, op)
             elif isinstance(op, Rows):
                 result = db.execute(op.sql, op.args).fetchall()
             elif isinstance(op, Exec):
@@ -191,6 +196,29 @@ def run(db: sqlite3.Connection, plan: Plan[T]) -> T:
             with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
                 db.execute("ROLLBACK")
         raise
+
+
+def _try(db: sqlite3.Connection, op: Try) -> str | None:
+    db.execute("SAVEPOINT tidal_try")
+    try:
+        _write_all(db, op.bulk, op.rows)
+        reason = None
+    except sqlite3.Error as exc:
+        if not is_data_error(exc):
+            raise  # the transaction is rolled back whole
+        db.execute("ROLLBACK TO tidal_try")
+        reason = str(exc)
+    db.execute("RELEASE tidal_try")
+    return reason
+
+
+#: what SQLite refuses for the data it is given, not for the state of the disk
+_DATA_ERRORS: Final = {sqlite3.SQLITE_CONSTRAINT, sqlite3.SQLITE_MISMATCH, sqlite3.SQLITE_TOOBIG}
+
+
+def is_data_error(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _DATA_ERRORS
 
 
 def _fill(cursor: sqlite3.Cursor, into: dict[Any, Any]) -> None:

@@ -30,6 +30,11 @@ BLOCK: Final = 4096
 _user_of = itemgetter(1)
 
 
+def block_of(seq: int) -> int:
+    """The first seq of the block ``seq`` is in (blocks start at seq 1)."""
+    return seq - (seq - 1) % BLOCK
+
+
 def pack(users: Iterable[int]) -> bytes:
     return array("q", users).tobytes()
 

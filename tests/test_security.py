@@ -246,7 +246,8 @@ def test_settings_that_cannot_work_stop_the_start(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "max_message_size: at least 1024 bytes; idle_timeout: more than 0" in done.stderr
+    assert "max_message_size: at least 67584 bytes" in done.stderr
+    assert "idle_timeout: more than 0" in done.stderr
 
 
 async def test_idle_clients_that_never_read_are_closed_and_free_their_places(
