@@ -1,0 +1,244 @@
+"""PostgreSQL settings and faults that once wedged tidal: a database in the wrong encoding,
+timeouts set on the role, a value it cannot store already on disk, a network gone silent,
+a second tidal in another schema."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import msgpack
+import pytest
+
+from tidal.client import Signal, Unavailable
+
+from .conftest import Database, ServerProcess
+from .postgres import Cluster, free_port
+from .test_postgres import cli
+
+
+@pytest.fixture
+def backend() -> str:
+    return "postgresql"
+
+
+async def execute(database: Database, sql: str) -> None:
+    conn = await asyncpg.connect(database.target)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def test_a_database_not_in_utf8_is_refused_in_one_line(pg_cluster: Cluster) -> None:
+    admin = await asyncpg.connect(pg_cluster.url("postgres"))
+    try:
+        await admin.execute(
+            "CREATE DATABASE latin ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+        )
+    finally:
+        await admin.close()
+    try:
+        code, stderr = await cli("serve", "--port", "0", "--db", pg_cluster.url("latin"))
+        assert code == 2, stderr
+        assert "LATIN1" in stderr.strip().splitlines()[-1] and "UTF8" in stderr, stderr
+        assert "Traceback" not in stderr
+    finally:
+        await pg_cluster.drop("latin")
+
+
+async def test_timeouts_set_on_the_database_do_not_reach_tidal_s_sessions(
+    database: Database,
+) -> None:
+    """statement_timeout of 1 ms on the database: a checkpoint of 20,000 aggregates still
+    commits, and a restart replays nothing."""
+    name = database.target.rsplit("/", 1)[1]
+    await execute(database, f"ALTER DATABASE {name} SET statement_timeout = '1ms'")
+    await execute(database, f"ALTER DATABASE {name} SET lock_timeout = '1ms'")
+    await execute(
+        database, f"ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '1ms'"
+    )
+    process = await ServerProcess(database.target, "--checkpoint-seconds", "0.2").start()
+    async with await process.connect() as c:
+        for start in range(0, 20_000, 2_000):
+            await c.signal_batch([Signal(u, f"e{u}", "view") for u in range(start, start + 2_000)])
+        await asyncio.sleep(0.3)  # a checkpoint comes due (a schedule, not a synchronisation)
+        await c.signal(1, "e1", "view")
+        assert (await c.health())["status"] == "ok"
+    assert await process.stop() == 0
+    log = b"".join(process.log).decode()
+    assert "refused" not in log and "failed" not in log, log
+    again = await ServerProcess(database.target).start()
+    try:
+        boot = b"".join(again.log).decode()
+        assert " 0 ledger rows replayed" in boot, boot
+        async with await again.connect() as c:
+            assert (await c.counts("e1")).ledger["view"].count == 2
+    finally:
+        assert await again.stop() == 0
+
+
+async def test_an_unstorable_value_already_on_disk_boots_healthy_and_is_named(
+    database: Database,
+) -> None:
+    """A community name with NUL, written into a ledger row's context by a tidal that let it
+    through: the checkpoint leaves that one aggregate out, says so, and commits the rest."""
+    first = await ServerProcess(database.target).start()
+    assert await first.stop() == 0  # the tables
+    context = msgpack.packb([["ja\x00zz", "rock"], {}, []], use_bin_type=True)
+    conn = await asyncpg.connect(database.target)
+    try:
+        await conn.execute(
+            "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)"
+            " VALUES (1, 7, 'song', 'view', 1.0, 1, 1, $1)",
+            context,
+        )
+    finally:
+        await conn.close()
+    process = await ServerProcess(database.target, "--checkpoint-seconds", "0.2").start()
+    try:
+        async with await process.connect() as c:
+            await asyncio.sleep(0.3)  # a checkpoint comes due
+            await c.signal(8, "song", "view", communities=["rock"])
+            assert (await c.health())["status"] == "ok"
+            counts = await c.counts("song")
+            assert counts.communities["rock"]["view"].count == 2
+    finally:
+        assert await process.stop() == 0
+    log = b"".join(process.log).decode()
+    assert "cannot store is left out" in log and "ja\\x00zz" in log, log
+    rows = await database.rows("SELECT name, count FROM aggregates WHERE layer = 2")
+    assert rows == [("rock", 2)]
+
+
+async def test_a_tidal_per_schema_of_one_database(pg_cluster: Cluster, database: Database) -> None:
+    for schema in ("one", "two"):
+        await execute(database, f"CREATE SCHEMA {schema}")
+    first = await ServerProcess(database.target + "?search_path=one").start()
+    second = await ServerProcess(database.target + "?search_path=two").start()
+    try:
+        code, stderr = await cli(
+            "serve", "--port", "0", "--db", database.target + "?search_path=one"
+        )
+        assert code == 2 and "schema one" in stderr, stderr
+        async with await first.connect() as a, await second.connect() as b:
+            await a.leave(5)
+            assert (await b.status(5)).status == "active"  # two tidals, two databases to tidal
+            assert (await b.signal(5, "e", "view", communities=["c"])).forwarded is True
+    finally:
+        assert await first.stop() == 0
+        assert await second.stop() == 0
+
+
+# -- a network that goes silent --------------------------------------------------------
+
+
+class Relay:
+    """A TCP relay to PostgreSQL on a port of its own, whose packets the kernel can be told
+    to drop (iptables): a network that goes silent, as a host's power loss or a partition
+    looks, with no reset and no FIN."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port()
+        self.target = target_port
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.silent = False
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        for task in (pipe(reader, up_writer), pipe(up_reader, writer)):
+            t = asyncio.create_task(task)
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    def _rules(self, action: str) -> None:
+        for match in (["--dport", str(self.port)], ["--sport", str(self.port)]):
+            done = subprocess.run(
+                ["iptables", action, "INPUT", "-i", "lo", "-p", "tcp", *match, "-j", "DROP"],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                pytest.fail(f"this test drops packets with iptables, as root: {done.stderr}")
+
+    def go_silent(self) -> None:
+        self._rules("-A")
+        self.silent = True
+
+    def speak(self) -> None:
+        if self.silent:
+            self._rules("-D")
+            self.silent = False
+
+    async def close(self) -> None:
+        self.speak()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+
+@pytest.fixture
+async def relay(pg_cluster: Cluster) -> AsyncIterator[Relay]:
+    r = Relay(pg_cluster.port)
+    await r.start()
+    yield r
+    await r.close()
+
+
+@contextlib.contextmanager
+def within(seconds: float, what: str) -> Iterator[None]:
+    began = time.monotonic()
+    yield
+    took = time.monotonic() - began
+    assert took < seconds, f"{what} took {took:.1f}s, over {seconds}s"
+
+
+async def test_a_silent_network_is_noticed_within_10_seconds(
+    database: Database, relay: Relay
+) -> None:
+    url = database.target.replace(f":{relay.target}/", f":{relay.port}/")
+    process = await ServerProcess(url, "--shutdown-timeout", "20").start()
+    async with await process.connect_with(reconnect=0) as c:
+        await c.signal(1, "e", "view")
+        relay.go_silent()
+        with within(10, "a signal's error 2"), pytest.raises(Unavailable):
+            await c.call("signal", 2, "e", "view", timeout=30)
+        with within(10, "health"):
+            health = await c.call("health", timeout=30)
+        assert health["status"] == "failing" and health["storage"] == "unavailable", health
+        for i in range(300):  # a client retrying while the database is away
+            with contextlib.suppress(Unavailable):
+                await c.call("signal", 100 + i, "e", "view", timeout=30)
+        relay.speak()
+        for _ in range(100):  # back by itself, with no restart (a schedule: its backoff)
+            with contextlib.suppress(Unavailable):
+                ack = await c.call("signal", 3, "e", "view", timeout=30)
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("writes never came back")
+        assert ack["seq"] >= 2
+        await c.signal(4, "e", "view")  # deltas a last checkpoint must write
+        relay.go_silent()
+    log = b"".join(process.log).decode()
+    lines = [line for line in log.splitlines() if " ERROR " in line or " WARNING " in line]
+    assert len(lines) < 40, f"{len(lines)} lines for 300 refusals:\n" + "\n".join(lines[-10:])
+    # SIGTERM while the database cannot be reached: the last checkpoint fails, and says so
+    assert await process.stop() == 1
+    assert "shutdown: the last commit failed" in b"".join(process.log).decode()
