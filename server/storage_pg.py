@@ -435,8 +435,7 @@ class PgStorage:
         if await self._lock(conn):
             self._writer_pid = conn.get_server_pid()
             return True
-        classid, objid = self._lock_key
-        row = await conn.fetchrow(_HOLDER, classid, objid & 0xFFFF_FFFF, timeout=STATEMENT_TIMEOUT)
+        row = await self._holder_row(conn)
         if row is None or row["pid"] != self._writer_pid:
             return False
         log.warning("ending this server's previous session (backend pid %d)", row["pid"])
@@ -451,9 +450,16 @@ class PgStorage:
         self._writer_pid = conn.get_server_pid()
         return True
 
-    async def _holder(self, conn: asyncpg.Connection) -> str:
+    async def _holder_row(self, conn: asyncpg.Connection) -> asyncpg.Record | None:
+        """The lock holder's backend pid and address, if a session holds it."""
         classid, objid = self._lock_key
-        row = await conn.fetchrow(_HOLDER, classid, objid & 0xFFFF_FFFF, timeout=STATEMENT_TIMEOUT)
+        row: asyncpg.Record | None = await conn.fetchrow(
+            _HOLDER, classid, objid & 0xFFFF_FFFF, timeout=STATEMENT_TIMEOUT
+        )
+        return row
+
+    async def _holder(self, conn: asyncpg.Connection) -> str:
+        row = await self._holder_row(conn)
         if row is None:
             return "a session that has just ended"
         return f"backend pid {row['pid']} from {row['client_addr'] or 'a local socket'}"
