@@ -11,6 +11,7 @@ COPY protocol ./protocol
 COPY server ./server
 COPY client ./client
 COPY cli ./cli
+COPY testing ./testing
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}

@@ -11,11 +11,12 @@ STAMP  := $(VENV)/.installed-stamp
 # compiles the hot modules with mypyc where a C compiler is found (pure Python where not),
 # so what `make run` serves and `make test` tests is what ships. A changed source
 # rebuilds it (about a minute).
-SOURCES := $(shell find server protocol client cli -name '*.py') setup.py
+SOURCES := $(shell find server protocol client cli testing -name '*.py') setup.py
 
 $(STAMP): pyproject.toml $(SOURCES)
 	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	rm -rf build/lib.* build/bdist.*  # a module moved or removed must not ship from here
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet '.[dev]'
 	touch $@
@@ -50,16 +51,18 @@ tools:
 # mypy cannot follow setuptools' package-dir mapping, so it reads the sources
 # through a tree of links laid out as they are imported (tidal/server -> server).
 lint: $(STAMP)
-	$(BIN)/ruff check server protocol client cli tests bench setup.py
-	$(BIN)/ruff format --check server protocol client cli tests bench setup.py
+	$(BIN)/ruff check server protocol client cli testing tests bench setup.py
+	$(BIN)/ruff format --check server protocol client cli testing tests bench setup.py
 	rm -rf .lint && mkdir -p .lint/tidal
 	ln -s ../../server .lint/tidal/server
 	ln -s ../../protocol .lint/tidal/protocol
 	ln -s ../../client .lint/tidal/client
 	ln -s ../../cli .lint/tidal/cli
+	ln -s ../../testing .lint/tidal/testing
 	ln -s ../tests .lint/tests
 	ln -s ../bench .lint/bench
 	cd .lint && ../$(BIN)/mypy --config-file ../pyproject.toml --explicit-package-bases tidal tests bench
+	cd .lint && PYTHONPATH=. ../$(BIN)/lint-imports --config ../pyproject.toml --no-cache
 
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)

@@ -30,11 +30,14 @@ ROOT = Path(__file__).resolve().parent
 #: patched, which compiled code would not see), app, and everything off the hot path.
 COMPILED = {
     "protocol": ["framing", "connection", "messages"],
-    "server": [
-        "aggregates", "batch", "cohorts", "committer", "connection", "engine", "flow",
-        "health", "keys", "ledger", "members", "params", "past", "reads",
+    "server/net": ["connection", "flow", "replies"],
+    "server/core": [
+        "aggregates", "batch", "cohorts", "counts", "keys", "ledger", "matching", "members",
+        "params", "past", "replies", "signals",
     ],
+    "server/engine": ["changes", "committer", "delivery", "engine", "health", "reads"],
 }  # fmt: skip
+PACKAGES = ("server", "protocol", "client", "cli", "testing")
 
 
 def can_compile() -> bool:
@@ -66,16 +69,14 @@ def compiled_modules() -> list[Any]:
         return []
     tree = ROOT / "build" / "mypyc-src"
     (tree / "tidal").mkdir(parents=True, exist_ok=True)
-    for package in ("server", "protocol", "client", "cli"):
+    for package in PACKAGES:
         link = tree / "tidal" / package
         if not link.is_symlink():
             link.symlink_to(ROOT / package, target_is_directory=True)
     compiled = [f"tidal/{pkg}/{name}.py" for pkg, names in COMPILED.items() for name in names]
     # every module named, so that mypy reads them all here, never an installed tidal
     every = sorted(
-        f"tidal/{pkg}/{path.name}"
-        for pkg in ("server", "protocol", "client", "cli")
-        for path in (ROOT / pkg).glob("*.py")
+        f"tidal/{path.relative_to(ROOT)}" for pkg in PACKAGES for path in (ROOT / pkg).rglob("*.py")
     )
     here = os.getcwd()
     os.chdir(tree)  # mypyc takes module names from paths relative to here

@@ -128,9 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from tidal.server.app import run
     from tidal.server.errors import StartupError
     from tidal.server.logs import configure as configure_logs
+    from tidal.server.main import run
 
     configure_logs(args.log_level, args.log_format, args.log_libraries)
     if args.token_in_argv:

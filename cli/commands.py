@@ -125,8 +125,8 @@ def _iso(ns: int) -> str:
 
 
 def backup(args: argparse.Namespace) -> int:
-    from tidal.server.backup import backup as copy
     from tidal.server.errors import BackupFailed
+    from tidal.server.storage.sqlite.backup import backup as copy
 
     try:
         info = copy(args.db, args.dest)

@@ -13,17 +13,7 @@ import logging
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Final, cast
-
-from tidal.protocol import (
-    NEED_DATA,
-    Connection,
-    LocalProtocolError,
-    Notification,
-    RemoteProtocolError,
-    Request,
-    Response,
-)
+from typing import Any, Final
 
 from . import requests
 from .errors import (
@@ -31,11 +21,9 @@ from .errors import (
     ConnectFailed,
     ConnectionLost,
     Unavailable,
-    closed_by_server,
-    from_wire,
-    unsendable,
 )
 from .requests import Call
+from .transport import ClientProtocol, close_transport, request
 from .types import (
     Counts,
     Event,
@@ -65,64 +53,6 @@ class _Default(enum.Enum):
 DEFAULT: Final = _Default.TIMEOUT  # "the client's timeout", distinct from None (no timeout)
 
 
-class _ClientProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
-        self.conn = Connection()
-        self.pending: dict[int, asyncio.Future[Any]] = {}
-        self.next_msgid = 0
-        self.transport: asyncio.Transport | None = None
-        self.lost: Exception | None = None
-        self.closed = asyncio.get_running_loop().create_future()
-        self._writable = asyncio.Event()
-        self._writable.set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.conn.receive_data(data)
-            while (event := self.conn.next_event()) is not NEED_DATA:
-                if type(event) is Response:
-                    future = self.pending.pop(event.msgid, None)
-                    if future is None or future.done():
-                        continue  # the caller timed out and moved on
-                    if event.error is None:
-                        future.set_result(event.result)
-                    else:
-                        future.set_exception(from_wire(event.error))
-                elif type(event) is Notification and event.method == "error":
-                    # the server says why it is about to close: the calls it ends say so too
-                    self.lost = closed_by_server(event.params)
-                    log.warning("%s", self.lost)
-        except RemoteProtocolError as exc:
-            self.lost = ConnectionLost(f"the server sent something unreadable: {exc}")
-            assert self.transport is not None
-            self.transport.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.lost is None:
-            reason = f": {exc}" if exc else ""
-            self.lost = ConnectionLost(f"connection lost{reason}")
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(self.lost)
-        self.pending.clear()
-        self._writable.set()
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    async def drain(self) -> None:
-        await self._writable.wait()
-
-
 class Client:
     """``async with await Client.connect(host, port) as client: await client.leave(42)``
 
@@ -134,8 +64,8 @@ class Client:
 
     def __init__(
         self,
-        protocol: _ClientProtocol,
-        dial: Callable[[], Awaitable[_ClientProtocol]],
+        protocol: ClientProtocol,
+        dial: Callable[[], Awaitable[ClientProtocol]],
         timeout: float | None,
         auto_keys: bool,
         reconnect: int,
@@ -169,11 +99,11 @@ class Client:
         times a call tries to reconnect (0.05 s apart, doubling) before ``ConnectionLost``.
         """
 
-        async def dial() -> _ClientProtocol:
+        async def dial() -> ClientProtocol:
             loop = asyncio.get_running_loop()
             try:
                 _, protocol = await asyncio.wait_for(
-                    loop.create_connection(_ClientProtocol, host, port, ssl=ssl), timeout
+                    loop.create_connection(ClientProtocol, host, port, ssl=ssl), timeout
                 )
             except TimeoutError:
                 raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
@@ -181,9 +111,9 @@ class Client:
                 raise ConnectFailed(f"could not connect to {host}:{port}: {exc}") from exc
             if token is not None:
                 try:
-                    await _request(protocol, "auth", [token], timeout)
+                    await request(protocol, "auth", [token], timeout)
                 except BaseException:
-                    _close_transport(protocol)
+                    close_transport(protocol)
                     raise
             return protocol
 
@@ -223,7 +153,7 @@ class Client:
             protocol.transport.abort()
             await protocol.closed
 
-    async def _connection(self) -> _ClientProtocol:
+    async def _connection(self) -> ClientProtocol:
         """The live connection, reconnecting first if it dropped."""
         protocol = self._protocol
         if protocol.lost is None:
@@ -254,7 +184,7 @@ class Client:
         """
         protocol = await self._connection()
         limit = self._timeout if isinstance(timeout, _Default) else timeout
-        return await _request(protocol, method, list(params), limit)
+        return await request(protocol, method, list(params), limit)
 
     async def _send(self, call: Call) -> Any:
         """Send a built call, and again as ``requests.Retries`` says."""
@@ -356,31 +286,3 @@ class Client:
         """``{"status": "ok" | "starting" | "failing", "storage": ..., "error"?: ...}``"""
         result: dict[str, Any] = await self._send(requests.read("health"))
         return result
-
-
-async def _request(
-    protocol: _ClientProtocol, method: str, params: list[Any], timeout: float | None
-) -> Any:
-    if protocol.lost is not None:
-        raise protocol.lost
-    assert protocol.transport is not None
-    msgid = protocol.next_msgid
-    protocol.next_msgid = (msgid + 1) & 0xFFFFFFFF
-    try:
-        data = protocol.conn.send(Request(msgid, method, params))
-    except LocalProtocolError as exc:
-        raise unsendable(exc) from None
-    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    protocol.pending[msgid] = future
-    protocol.transport.write(data)
-    await protocol.drain()
-    try:
-        return await asyncio.wait_for(future, timeout)
-    except TimeoutError:
-        protocol.pending.pop(msgid, None)
-        raise CallTimeout(f"{method}: no reply in {timeout}s") from None
-
-
-def _close_transport(protocol: _ClientProtocol) -> None:
-    if protocol.transport is not None:
-        protocol.transport.close()

@@ -8,7 +8,6 @@ threads, at the price of no pipelining: use the asyncio client for that).
 from __future__ import annotations
 
 import logging
-import socket
 import ssl as ssl_module
 import threading
 import time
@@ -16,26 +15,14 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from tidal.protocol import (
-    NEED_DATA,
-    Connection,
-    LocalProtocolError,
-    Notification,
-    RemoteProtocolError,
-    Request,
-    Response,
-)
-
 from . import requests
+from .blocking import Link
 from .client import DEFAULT_TIMEOUT, RECONNECT_ATTEMPTS, RECONNECT_FIRST_DELAY, RETRIES
 from .errors import (
     CallTimeout,
     ConnectFailed,
     ConnectionLost,
     Unavailable,
-    closed_by_server,
-    from_wire,
-    unsendable,
 )
 from .requests import Call
 from .types import (
@@ -73,12 +60,10 @@ class SyncClient:
         self._auto_keys = auto_keys
         self._reconnect_attempts = reconnect
         self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._conn = Connection()
-        self._next_msgid = 0
+        self._link = Link(host, port, timeout, token, ssl)
         self._closed = False
         with self._lock:
-            self._dial()
+            self._link.dial()
 
     def __enter__(self) -> SyncClient:
         return self
@@ -94,125 +79,31 @@ class SyncClient:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._drop()
+            self._link.drop()
 
     @property
     def is_connected(self) -> bool:
-        return self._sock is not None
+        return self._link.sock is not None
 
-    # -- the connection ------------------------------------------------------
-
-    def _dial(self) -> socket.socket:
-        where = f"{self._host}:{self._port}"
-        try:
-            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
-        except TimeoutError:
-            raise CallTimeout(f"could not connect to {where}") from None
-        except OSError as exc:
-            raise ConnectFailed(f"could not connect to {where}: {exc}") from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._ssl is not None:
-            try:
-                sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
-            except OSError as exc:
-                sock.close()
-                raise ConnectFailed(f"TLS with {where} failed: {exc}") from exc
-        self._sock, self._conn = sock, Connection()
-        if self._token is not None:
-            try:
-                self._roundtrip("auth", [self._token], self._timeout)
-            except BaseException:
-                self._drop()
-                raise
-        return sock
-
-    def _drop(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-
-    def _connected(self) -> socket.socket:
-        if self._sock is not None:
-            if self._still_open(self._sock):
-                return self._sock
-            self._drop()
+    def _connected(self) -> None:
+        link = self._link
+        if link.sock is not None:
+            if link.still_open(link.sock):
+                return
+            link.drop()
         if self._closed:
             raise ConnectionLost("the client is closed")
         delay = RECONNECT_FIRST_DELAY
         failure: Exception = ConnectionLost("no reconnect attempts allowed")
         for _ in range(self._reconnect_attempts):
             try:
-                return self._dial()
+                link.dial()
+                return
             except (OSError, CallTimeout) as exc:
                 failure = exc
             time.sleep(delay)  # backoff: this client blocks by design
             delay *= 2
         raise ConnectFailed(f"could not reconnect: {failure}")
-
-    def _still_open(self, sock: socket.socket) -> bool:
-        """Between calls nothing is due from the server, so whatever is waiting tells:
-        an end of stream (it closed or restarted), or its notice of why it closes.
-        Found out here, a dropped connection costs a reconnect, not a failed call."""
-        sock.setblocking(False)
-        try:
-            data = sock.recv(65536)
-        except (BlockingIOError, ssl_module.SSLWantReadError):
-            return True  # nothing waiting (with TLS: perhaps a session ticket, now read)
-        except OSError:
-            return False
-        finally:
-            sock.settimeout(self._timeout)
-        if not data:
-            return False
-        self._conn.receive_data(data)
-        try:
-            while (event := self._conn.next_event()) is not NEED_DATA:
-                if type(event) is Notification and event.method == "error":
-                    log.warning("%s", closed_by_server(event.params))
-                    return False
-        except RemoteProtocolError:
-            return False
-        return True
-
-    def _roundtrip(self, method: str, params: list[Any], timeout: float | None) -> Any:
-        """One request, its reply. Any doubt about the stream drops the connection, so that
-        a late reply can never be taken for the answer to a later request."""
-        sock = self._sock
-        assert sock is not None
-        msgid = self._next_msgid
-        self._next_msgid = (msgid + 1) & 0xFFFFFFFF
-        try:
-            request = self._conn.send(Request(msgid, method, params))
-        except LocalProtocolError as exc:
-            raise unsendable(exc) from None
-        try:
-            sock.settimeout(timeout)
-            sock.sendall(request)
-            while True:
-                event = self._conn.next_event()
-                if event is NEED_DATA:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionLost("connection lost: closed by the server")
-                    self._conn.receive_data(data)
-                elif type(event) is Response and event.msgid == msgid:
-                    break
-                elif type(event) is Notification and event.method == "error":
-                    lost = closed_by_server(event.params)
-                    log.warning("%s", lost)
-                    raise lost
-        except TimeoutError:
-            self._drop()
-            raise CallTimeout(f"{method}: no reply in {timeout}s") from None
-        except ConnectionLost:
-            self._drop()
-            raise
-        except (OSError, RemoteProtocolError) as exc:
-            self._drop()
-            raise ConnectionLost(f"connection lost: {exc}") from exc
-        if event.error is not None:
-            raise from_wire(event.error)
-        return event.result
 
     # -- calls ---------------------------------------------------------------
 
@@ -220,7 +111,7 @@ class SyncClient:
         """Send one request and wait for its reply; ``timeout`` defaults to the client's."""
         with self._lock:
             self._connected()
-            return self._roundtrip(method, list(params), timeout or self._timeout)
+            return self._link.roundtrip(method, list(params), timeout or self._timeout)
 
     def _send(self, call: Call) -> Any:
         """Send a built call, and again as ``requests.Retries`` says."""

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import ipaddress
 import logging
 import os
-import signal
 import socket
 import ssl
 import time
@@ -25,14 +23,18 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from tidal.server.engine.engine import Engine
+from tidal.server.engine.health import Booting
+from tidal.server.net.connection import ServerConnection
+from tidal.server.net.state import ServerState
+from tidal.server.net.tls import is_loopback, tls_context
+from tidal.server.storage.backends import open_storage
+from tidal.server.storage.interface import Storage, is_url
+from tidal.server.storage.sqlite.dblock import DatabaseLock
+
 from .config import Config, redact
-from .connection import ServerConnection, ServerState
-from .dblock import DatabaseLock
-from .engine import Engine
-from .errors import BadSettings, ProtectedMode, StartupError
-from .health import Booting
+from .errors import ProtectedMode, StartupError
 from .metrics import Metrics
-from .storage import Storage, is_url, open_storage
 
 log = logging.getLogger("tidal.server")
 
@@ -42,7 +44,7 @@ class Server:
         """``clock``: wall-clock nanoseconds (leave times, the idempotency window)."""
         self.config = config
         self._clock = clock
-        self.state = ServerState(Booting(), None)
+        self.state: ServerState[ServerConnection] = ServerState(Booting(), None)
         self._server: asyncio.Server | None = None
         self._lock: DatabaseLock | None = None
         self._storage: Storage | None = None
@@ -82,13 +84,13 @@ class Server:
         config = self.config
         config.check()
         log.debug("%r", config)  # the token shows as ***
-        if not (config.token or config.insecure or _is_loopback(config.host)):
+        if not (config.token or config.insecure or is_loopback(config.host)):
             raise ProtectedMode(
                 f"refusing to listen on {config.host!r} without a token: anyone who can reach it"
                 " could change who has left. Set --token (or TIDAL_TOKEN), or pass --insecure"
                 " if the network in front of it is trusted."
             )
-        tls = _tls(config)
+        tls = tls_context(config)
         try:
             await self._listen(tls)
             if not is_url(config.db):  # PostgreSQL: an advisory lock, taken as it opens
@@ -272,59 +274,11 @@ class Server:
         return 1 if self.unclean else 0
 
 
-def _tls(config: Config) -> ssl.SSLContext | None:
-    if not (config.tls_cert or config.tls_key):
-        return None
-    if not (config.tls_cert and config.tls_key):
-        raise BadSettings("TLS needs both --tls-cert and --tls-key")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    try:
-        context.load_cert_chain(config.tls_cert, config.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise BadSettings(
-            f"--tls-cert {config.tls_cert} / --tls-key {config.tls_key}: cannot load them:"
-            f" {getattr(exc, 'strerror', None) or exc}"
-        ) from None
-    return context
-
-
 def _why(exc: OSError) -> str:
     """The system's words for an errno ("Address already in use"), not asyncio's wrapping."""
     if isinstance(exc, socket.gaierror) or not exc.errno:
         return str(exc.strerror or exc)
     return os.strerror(exc.errno)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name that might resolve anywhere
-
-
-def run(config: Config) -> int:
-    """Serve until SIGINT or SIGTERM, on uvloop when it is installed; the exit status."""
-
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        return await Server(config).serve(stop)
-
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(main())
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; this is for odd platforms
-        log.warning("uvloop is not installed; using asyncio's default event loop")
-        return None
-    return uvloop.new_event_loop
 
 
 def _settle_gc() -> None:

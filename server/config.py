@@ -15,8 +15,8 @@ from typing import Any, Final, Literal
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_PREDICATE_BYTES, MIN_MESSAGE_SIZE
+from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 
-from .aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from .errors import BadSettings
 
 Durability = Literal["full", "normal"]

@@ -8,8 +8,8 @@ additions do, and a collector turns them into metric families at scrape time.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Iterator, Sized
+from typing import Any, Final, Protocol
 
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -20,8 +20,30 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+class Backend(Protocol):
+    @property
+    def backend(self) -> str: ...
+
+
+class Engine(Protocol):
+    """The engine, as the metrics read it: a shape, as the engine imports the metrics."""
+
+    @property
+    def signals(self) -> int: ...
+
+    @property
+    def forwarded(self) -> int: ...
+
+    @property
+    def members(self) -> Sized: ...  # the users who have left
+
+    @property
+    def storage(self) -> Backend: ...
+
+    @property
+    def health(self) -> Callable[[], dict[str, Any]]: ...
+
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)

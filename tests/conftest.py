@@ -23,8 +23,7 @@ from tidal.cli.child import listening_port
 from tidal.cli.child import start as start_child
 from tidal.client import Client
 from tidal.server import Config, Server
-
-from .postgres import Cluster, fetch
+from tidal.testing.postgres import Cluster, Missing, fetch
 
 BACKENDS = ("sqlite", "postgresql")
 
@@ -44,7 +43,10 @@ def backend() -> str:
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[Cluster]:
-    cluster = Cluster()
+    try:
+        cluster = Cluster()
+    except Missing as exc:
+        pytest.fail(str(exc))
     yield cluster
     cluster.destroy()
 

@@ -12,8 +12,8 @@ import pytest
 
 from tidal.client import Client
 from tidal.server import Config, Server
-from tidal.server.backup import backup
 from tidal.server.errors import BackupFailed
+from tidal.server.storage.sqlite.backup import backup
 
 from .conftest import ServerProcess
 

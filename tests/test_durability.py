@@ -18,9 +18,9 @@ import pytest
 
 from tidal.client import Client, ConnectionLost, Signal, Unavailable
 from tidal.server import Config, Server
-from tidal.server.batch import Batch
+from tidal.server.core.batch import Batch
 from tidal.server.errors import DatabaseUnusable, StorageFailure
-from tidal.server.schema import SCHEMA_VERSION
+from tidal.server.storage.sqlite.schema import SCHEMA_VERSION
 
 from .conftest import Database, ServerProcess
 

@@ -20,7 +20,7 @@ import pytest
 from tidal.cli.child import listening_port
 from tidal.client import CallTimeout, Client, Unavailable
 from tidal.server import Config, Server
-from tidal.server.batch import Batch
+from tidal.server.core.batch import Batch
 from tidal.server.errors import StorageFailure
 
 from .test_durability import wrap_commit

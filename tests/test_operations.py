@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.server.schema import SCHEMA_VERSION
+from tidal.server.storage.sqlite.schema import SCHEMA_VERSION
 
 from .conftest import ServerProcess, tmpfs
 

@@ -13,8 +13,10 @@ import msgpack
 import pytest
 
 from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
-from tidal.server import Config, Server, retention, userrows
-from tidal.server.schema import MIGRATIONS
+from tidal.server import Config, Server
+from tidal.server.core import userrows
+from tidal.server.engine import retention
+from tidal.server.storage.sqlite.schema import MIGRATIONS
 
 from .conftest import Database, ServerProcess
 from .rawrpc import RawPeer

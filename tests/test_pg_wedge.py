@@ -15,9 +15,9 @@ import msgpack
 import pytest
 
 from tidal.client import Signal, Unavailable
+from tidal.testing.postgres import Cluster, free_port
 
 from .conftest import Database, ServerProcess
-from .postgres import Cluster, free_port
 from .test_postgres import cli
 
 

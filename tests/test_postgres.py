@@ -17,9 +17,9 @@ import asyncpg
 import pytest
 
 from tidal.client import Client, Unavailable
+from tidal.testing.postgres import PASSWORD, Cluster
 
 from .conftest import Database, ServerProcess
-from .postgres import PASSWORD, Cluster
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 

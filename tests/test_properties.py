@@ -19,9 +19,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from tidal.client import Client, Counts, Membership
 from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError
+from tidal.testing.postgres import Cluster
 
 from .conftest import BACKENDS, BlockingServer, Database, ServerProcess
-from .postgres import Cluster
 from .test_past import as_dict, recompute
 
 USERS = st.sampled_from([0, 1, 2, 3, 2**63, 2**64 - 1])

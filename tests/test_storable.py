@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from tidal.protocol import ErrorCode
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
+from tidal.testing.postgres import Cluster
 
 from .conftest import ServerProcess
-from .postgres import Cluster
 from .rawrpc import RawPeer
 
 EDGE_TEXT = [

@@ -17,7 +17,7 @@ from tidal.client import Client, Signal
 from tidal.protocol import ErrorCode
 from tidal.protocol.limits import MIN_MESSAGE_SIZE
 from tidal.server import Config, Server
-from tidal.server.userrows import BLOCK
+from tidal.server.core.userrows import BLOCK
 
 from .conftest import Database, ServerProcess
 from .rawrpc import RawPeer

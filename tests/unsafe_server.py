@@ -10,9 +10,10 @@ import asyncio
 import sys
 
 from tidal.cli import main
-from tidal.server.batch import Batch, Later
-from tidal.server.storage_pg import PgStorage
-from tidal.server.storage_sqlite import SqliteStorage
+from tidal.server.core.batch import Batch
+from tidal.server.core.replies import Later
+from tidal.server.storage.postgres.runner import PgStorage
+from tidal.server.storage.sqlite.runner import SqliteStorage
 
 
 def acks_first(storage: type[SqliteStorage] | type[PgStorage]) -> None:

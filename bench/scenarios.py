@@ -1,0 +1,257 @@
+"""What ``make bench`` measures: every shape on every system, in rounds that alternate
+between systems, and the figures beside them (boot, counts under load, the past)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.past import past_figures
+from bench.systems import (
+    PG,
+    TIDAL,
+    bare_server,
+    redis_run,
+    redis_server,
+    tidal_bench,
+    tidal_pg_bench,
+    tidal_server,
+)
+from tidal.cli.child import Child
+from tidal.client import SyncClient
+from tidal.testing.postgres import Cluster
+
+SHAPES = [(1, 1), (50, 1), (16, 16), (4, 64)]
+CLUSTER: list[Cluster] = []  # the PostgreSQL this run started
+
+
+def requests_for(clients: int, pipeline: int, scale: float) -> int:
+    base = 4_000 if clients * pipeline == 1 else 60_000
+    return max(1_000, int(base * scale))
+
+
+def run_all(scale: float, repeats: int) -> dict[str, Any]:
+    """Every shape ``repeats`` times, rounds alternating between systems; each figure is the
+    median run, with the range beside it (this machine's figures move a lot between runs)."""
+    shape_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    extra_runs: dict[str, list[dict[str, Any]]] = {}
+    CLUSTER.append(Cluster())
+    try:
+        for round_ in range(repeats):
+            print(f"-- round {round_ + 1} of {repeats}", file=sys.stderr)
+            one_round(scale, shape_runs, extra_runs)
+    finally:
+        CLUSTER.pop().destroy()
+    return {
+        "machine": machine(),
+        "repeats": repeats,
+        "shapes": {
+            system: {shape: median(runs) for shape, runs in by_shape.items()}
+            for system, by_shape in shape_runs.items()
+        },
+        "extra": {name: median(runs) for name, runs in extra_runs.items()},
+        "boot": boot_figures(scale),
+        "counts": counts_figures(scale),
+        "past": past_figures(scale),
+    }
+
+
+def median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run, with the range, and every run in round order (for ratios per round)."""
+    ordered = sorted(runs, key=lambda r: float(r["signals_per_s"] or r["requests_per_s"]))
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["range"] = [ordered[0]["signals_per_s"], ordered[-1]["signals_per_s"]]
+    keep = (
+        "signals_per_s", "requests_per_s", "server_cpu_us", "tidal_cpu_us", "p50_ms", "p99_ms",
+        "p999_ms",
+    )  # fmt: skip
+    chosen["runs"] = [{k: r.get(k) for k in keep} for r in runs]
+    return chosen
+
+
+def one_round(
+    scale: float,
+    shape_runs: dict[str, dict[str, list[dict[str, Any]]]],
+    extra_runs: dict[str, list[dict[str, Any]]],
+) -> None:
+    def record(system: str, shape: str, result: dict[str, Any]) -> None:
+        shape_runs.setdefault(system, {}).setdefault(shape, []).append(result)
+        print(
+            f"{system:>16} {shape:>6}: {result['signals_per_s']:>10,.0f} signals/s"
+            f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms",
+            file=sys.stderr,
+        )
+
+    class Extra:
+        def __setitem__(self, name: str, result: dict[str, Any]) -> None:
+            extra_runs.setdefault(name, []).append(result)
+
+    extra = Extra()
+
+    for c, p in SHAPES:
+        n = requests_for(c, p, scale)
+        with bare_server() as bare:
+            record("bare stack", f"{c}x{p}", tidal_bench(bare, c, p, n))
+        for durability in ("full", "normal"):
+            with tidal_server(durability) as srv:
+                record(f"tidal {durability}", f"{c}x{p}", tidal_bench(srv, c, p, n))
+        record(PG, f"{c}x{p}", tidal_pg_bench(CLUSTER[0], c, p, n))
+        for fsync in ("always", "everysec"):
+            with redis_server(fsync) as red:
+                record(f"redis {fsync}", f"{c}x{p}", redis_run(red, c, p, n))
+
+    batches = max(40, int(400 * scale))
+    with bare_server() as bare:
+        extra["bare batch 1000 (4x4)"] = tidal_bench(bare, 4, 4, batches, workload="batch")
+    for durability in ("full", "normal"):
+        with tidal_server(durability) as srv:
+            extra[f"tidal {durability} batch 1000 (4x4)"] = tidal_bench(
+                srv, 4, 4, batches, workload="batch"
+            )
+    for fsync in ("always", "everysec"):
+        with redis_server(fsync) as red:
+            extra[f"redis {fsync} pipeline 1000 (4x4)"] = redis_run(
+                red, 4, 4, batches, workload="batch"
+            )
+
+    n = requests_for(16, 16, scale)
+    for fraction in (0.0, 1.0):
+        with tidal_server("full") as srv:
+            extra[f"tidal full 16x16, {fraction:.0%} left"] = tidal_bench(
+                srv, 16, 16, n, users=20_000, left_fraction=fraction
+            )
+        with redis_server("always") as red:
+            extra[f"redis always 16x16, {fraction:.0%} left"] = redis_run(
+                red, 16, 16, n, users=20_000, left_fraction=fraction
+            )
+    with tidal_server("full") as srv:
+        extra["tidal full mixed 16x16"] = tidal_bench(srv, 16, 16, n, workload="mixed")
+    with redis_server("always") as red:
+        extra["redis always mixed 16x16"] = redis_run(red, 16, 16, n, workload="mixed")
+    # long enough to cross checkpoints (every 200,000 signals): their stalls show in p99.9
+    with tidal_server("full") as srv:
+        extra["tidal full 16x16, long"] = tidal_bench(srv, 16, 16, 5 * n)
+    with tidal_server("full") as srv:
+        extra["counts under 16x16 signals"] = counts_under_load(srv, n)
+
+
+def counts_under_load(server: Child, signals: int) -> dict[str, Any]:
+    """One client reading ``counts`` in a closed loop while 16x16 write signals."""
+    cmd = [TIDAL, "bench", "--port", str(server.port), "-c", "16", "-P", "16"]
+    load = subprocess.Popen(
+        [*cmd, "-n", str(4 * signals), "--json"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with SyncClient("127.0.0.1", server.port, timeout=60) as client:
+            while client.stats()["signals"] < 10_000:  # the load has begun
+                time.sleep(0.05)
+        counts = tidal_bench(server, 1, 1, max(500, signals // 20), workload="counts")
+        still_loaded = load.poll() is None
+    finally:
+        out, _ = load.communicate(timeout=900)
+    counts["signals_per_s_meanwhile"] = json.loads(out)["signals_per_s"]
+    counts["load_outlasted_it"] = still_loaded
+    return counts
+
+
+def machine() -> dict[str, Any]:
+    redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
+    from tidal.server.engine import engine
+
+    compiled = not engine.__file__.endswith(".py")
+    return {
+        "build": "compiled with mypyc" if compiled else "pure Python",
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "redis": redis.stdout.split()[2] if redis.returncode == 0 else None,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def boot_figures(scale: float) -> dict[str, Any]:
+    """Boot time and RSS with 0 and 1,000,000 leave records."""
+    records = max(10_000, int(1_000_000 * min(scale, 1.0)))
+    out: dict[str, Any] = {"records": records}
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-boot-") as tmp:
+        db = Path(tmp) / "boot.db"
+        for label, count in (("empty", 0), ("full", records)):
+            if count:
+                with tidal_server("full", db):
+                    pass  # create the schema
+                fill_memberships(db, count)
+            began = time.perf_counter()
+            with tidal_server("full", db) as srv:
+                seconds = time.perf_counter() - began
+                loaded = re.search(r"loaded \S+ in ([\d.]+)s", "".join(srv.log))
+                out[label] = {
+                    "boot_s": round(seconds, 3),
+                    "load_s": float(loaded.group(1)) if loaded else None,
+                    "rss_kib": srv.rss_kib(),
+                }
+        out["bytes_per_record"] = round(
+            (out["full"]["rss_kib"] - out["empty"]["rss_kib"]) * 1024 / records, 1
+        )
+    return out
+
+
+def fill_memberships(db: Path, count: int) -> None:
+    with sqlite3.connect(db) as conn:
+        now = time.time_ns()
+        conn.executemany(
+            "INSERT OR REPLACE INTO memberships (user_id, left, left_at_ns) VALUES (?, 1, ?)",
+            ((u, now + u) for u in range(count)),
+        )
+
+
+def counts_figures(scale: float) -> dict[str, Any]:
+    """counts() latency with a small and a large ledger (rows written straight to SQLite,
+    with the aggregates table checkpointed up to the last of them, as tidal leaves it)."""
+    large = max(100_000, int(10_000_000 * min(scale, 1.0)))
+    out: dict[str, Any] = {}
+    for rows in (10_000, large):
+        with tempfile.TemporaryDirectory(prefix="tidal-bench-counts-") as tmp:
+            db = Path(tmp) / "counts.db"
+            with tidal_server("full", db):
+                pass
+            fill_ledger(db, rows)
+            with tidal_server("full", db) as srv:
+                result = tidal_bench(srv, 16, 16, requests_for(16, 16, scale), workload="counts")
+            out[f"{rows} rows"] = result
+    return out
+
+
+def fill_ledger(db: Path, rows: int) -> None:
+    import msgpack
+
+    context = msgpack.packb([["c1"], {"country": "DE"}, []])
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA synchronous=OFF")
+        step = 200_000
+        for start in range(1, rows + 1, step):
+            conn.executemany(
+                "INSERT INTO ledger VALUES (?, ?, ?, 'view', 1.0, 0, 1, ?)",
+                (
+                    (s, s % 100_000, f"e{s % 1000}", context)
+                    for s in range(start, min(rows + 1, start + step))
+                ),
+            )
+        conn.execute(
+            "INSERT INTO aggregates SELECT entity, 0, 0, '', kind, COUNT(*), SUM(weight)"
+            " FROM ledger GROUP BY entity, kind"
+        )
+        conn.execute(
+            "INSERT INTO aggregates SELECT entity, 2, 0, 'c1', kind, COUNT(*), SUM(weight)"
+            " FROM ledger GROUP BY entity, kind"
+        )
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('aggregates_seq', ?)", (rows,))
+
+
+# -- the report -------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""One connection as the blocking client holds it: a socket, its protocol state, and
+one request at a time on it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl as ssl_module
+from typing import Any
+
+from tidal.protocol import (
+    NEED_DATA,
+    Connection,
+    LocalProtocolError,
+    Notification,
+    RemoteProtocolError,
+    Request,
+    Response,
+)
+
+from .errors import (
+    CallTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    closed_by_server,
+    from_wire,
+    unsendable,
+)
+
+log = logging.getLogger("tidal.client")
+
+
+class Link:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None,
+        token: str | None,
+        ssl: ssl_module.SSLContext | None,
+    ) -> None:
+        self._host, self._port = host, port
+        self._timeout = timeout
+        self._token = token
+        self._ssl = ssl
+        self.sock: socket.socket | None = None
+        self.conn = Connection()
+        self._next_msgid = 0
+
+    def dial(self) -> None:
+        where = f"{self._host}:{self._port}"
+        try:
+            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
+        except TimeoutError:
+            raise CallTimeout(f"could not connect to {where}") from None
+        except OSError as exc:
+            raise ConnectFailed(f"could not connect to {where}: {exc}") from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            try:
+                sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
+            except OSError as exc:
+                sock.close()
+                raise ConnectFailed(f"TLS with {where} failed: {exc}") from exc
+        self.sock, self.conn = sock, Connection()
+        if self._token is not None:
+            try:
+                self.roundtrip("auth", [self._token], self._timeout)
+            except BaseException:
+                self.drop()
+                raise
+
+    def drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def still_open(self, sock: socket.socket) -> bool:
+        """Between calls nothing is due from the server, so whatever is waiting tells:
+        an end of stream (it closed or restarted), or its notice of why it closes.
+        Found out here, a dropped connection costs a reconnect, not a failed call."""
+        sock.setblocking(False)
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, ssl_module.SSLWantReadError):
+            return True  # nothing waiting (with TLS: perhaps a session ticket, now read)
+        except OSError:
+            return False
+        finally:
+            sock.settimeout(self._timeout)
+        if not data:
+            return False
+        self.conn.receive_data(data)
+        try:
+            while (event := self.conn.next_event()) is not NEED_DATA:
+                if type(event) is Notification and event.method == "error":
+                    log.warning("%s", closed_by_server(event.params))
+                    return False
+        except RemoteProtocolError:
+            return False
+        return True
+
+    def roundtrip(self, method: str, params: list[Any], timeout: float | None) -> Any:
+        """One request, its reply. Any doubt about the stream drops the connection, so that
+        a late reply can never be taken for the answer to a later request."""
+        sock = self.sock
+        assert sock is not None
+        msgid = self._next_msgid
+        self._next_msgid = (msgid + 1) & 0xFFFFFFFF
+        try:
+            request = self.conn.send(Request(msgid, method, params))
+        except LocalProtocolError as exc:
+            raise unsendable(exc) from None
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(request)
+            while True:
+                event = self.conn.next_event()
+                if event is NEED_DATA:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionLost("connection lost: closed by the server")
+                    self.conn.receive_data(data)
+                elif type(event) is Response and event.msgid == msgid:
+                    break
+                elif type(event) is Notification and event.method == "error":
+                    lost = closed_by_server(event.params)
+                    log.warning("%s", lost)
+                    raise lost
+        except TimeoutError:
+            self.drop()
+            raise CallTimeout(f"{method}: no reply in {timeout}s") from None
+        except ConnectionLost:
+            self.drop()
+            raise
+        except (OSError, RemoteProtocolError) as exc:
+            self.drop()
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        if event.error is not None:
+            raise from_wire(event.error)
+        return event.result

@@ -1,0 +1,109 @@
+"""One connection as the asyncio client holds it: a small ``asyncio.Protocol`` that
+owns one future per request id, and fails them all when the connection drops, so
+no caller waits forever on a reply that cannot come."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+from tidal.protocol import (
+    NEED_DATA,
+    Connection,
+    LocalProtocolError,
+    Notification,
+    RemoteProtocolError,
+    Request,
+    Response,
+)
+
+from .errors import CallTimeout, ConnectionLost, closed_by_server, from_wire, unsendable
+
+log = logging.getLogger("tidal.client")
+
+
+class ClientProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.conn = Connection()
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.next_msgid = 0
+        self.transport: asyncio.Transport | None = None
+        self.lost: Exception | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.conn.receive_data(data)
+            while (event := self.conn.next_event()) is not NEED_DATA:
+                if type(event) is Response:
+                    future = self.pending.pop(event.msgid, None)
+                    if future is None or future.done():
+                        continue  # the caller timed out and moved on
+                    if event.error is None:
+                        future.set_result(event.result)
+                    else:
+                        future.set_exception(from_wire(event.error))
+                elif type(event) is Notification and event.method == "error":
+                    # the server says why it is about to close: the calls it ends say so too
+                    self.lost = closed_by_server(event.params)
+                    log.warning("%s", self.lost)
+        except RemoteProtocolError as exc:
+            self.lost = ConnectionLost(f"the server sent something unreadable: {exc}")
+            assert self.transport is not None
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost is None:
+            reason = f": {exc}" if exc else ""
+            self.lost = ConnectionLost(f"connection lost{reason}")
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(self.lost)
+        self.pending.clear()
+        self._writable.set()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def drain(self) -> None:
+        await self._writable.wait()
+
+
+async def request(
+    protocol: ClientProtocol, method: str, params: list[Any], timeout: float | None
+) -> Any:
+    if protocol.lost is not None:
+        raise protocol.lost
+    assert protocol.transport is not None
+    msgid = protocol.next_msgid
+    protocol.next_msgid = (msgid + 1) & 0xFFFFFFFF
+    try:
+        data = protocol.conn.send(Request(msgid, method, params))
+    except LocalProtocolError as exc:
+        raise unsendable(exc) from None
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    protocol.pending[msgid] = future
+    protocol.transport.write(data)
+    await protocol.drain()
+    try:
+        return await asyncio.wait_for(future, timeout)
+    except TimeoutError:
+        protocol.pending.pop(msgid, None)
+        raise CallTimeout(f"{method}: no reply in {timeout}s") from None
+
+
+def close_transport(protocol: ClientProtocol) -> None:
+    if protocol.transport is not None:
+        protocol.transport.close()

@@ -1,0 +1,68 @@
+"""A batch: the writes and waiting replies that one group commit makes durable.
+
+Requests change memory at once, in the order the server reads them, and leave
+their SQL work and their reply here; the writer commits a whole batch in one
+transaction and only then lets the replies go. ``undo`` lets a failed commit
+put memory back as it was, so memory never claims what the disk does not hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .counts import CountsRead, Deltas
+from .ledger import Row
+from .matching import Cohort
+from .replies import Replier, Undo
+
+if TYPE_CHECKING:
+    from .past import Event, HistoryRead, LeftRead, Withdrawal
+
+
+@dataclass(slots=True)
+class Batch:
+    first_seq: int
+    ledger: list[Row] = field(default_factory=list)  # counted in the aggregates when read
+    #: reads of the tables, made by the writer before this batch's writes
+    reads: list[CountsRead | HistoryRead | LeftRead] = field(default_factory=list)
+    memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
+    cohorts: dict[str, Cohort | None] = field(default_factory=dict)
+    next_cohort_id: int | None = None
+    checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
+    checkpoint_seq: int = 0
+    users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py
+    #: idempotency keys: key -> (seq, forwarded, ts_ns). One entry per key, the last use:
+    #: a key can be used twice in one batch (its first use erased, or past the window or the
+    #: cap), and one upsert statement may not write a row twice
+    keys: dict[str, tuple[int, bool, int]] = field(default_factory=dict)
+    forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
+    past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order
+    history: list[Event] = field(default_factory=list)
+    retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
+    retired: int = 0  # ... how many the writer deleted
+    reach: bool = False  # a health check: the writer reaches the database, even with no writes
+    probe: bool = False  # a write that tests the disk, for a health check after a full disk
+    replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)
+    writers: set[Replier] = field(default_factory=set)  # connections with a write here
+    undo: list[Undo] = field(default_factory=list)
+    writes: int = 0
+    signals: int = 0
+    fanout: int = 0  # cohort and community aggregates added to
+    searched: int = 0  # ledger rows the withdrawals will search (see ``Committer.ack``)
+    forwarded: int = 0
+    leaves: int = 0
+    rejoins: int = 0
+
+    def changes_table(self) -> bool:
+        """Whether committing this changes the aggregates table (see ``reads``)."""
+        return self.checkpoint is not None or bool(self.past)
+
+    def pending(self) -> bool:
+        return bool(
+            self.writes
+            or self.replies
+            or self.reads
+            or self.checkpoint is not None
+            or self.retire is not None
+        )

@@ -1,0 +1,213 @@
+"""Validation at the edge: every parameter is checked here, and nowhere else
+(a signal's, the hot path, by ``signals`` with these rules).
+
+Each failure is an ``InvalidParams`` whose message names the argument and the
+rule it broke, so a caller can fix the request without reading our source.
+Strings arrive as msgpack str or bin; both are accepted as UTF-8 text.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final, TypeAlias
+
+import msgpack
+
+from tidal.protocol.limits import (
+    ATTR_VALUE_MAX_BYTES,
+    KIND_MAX_BYTES,
+    MAX_ATTRS,
+    MAX_PREDICATE_BYTES,
+    MAX_PREDICATE_TERMS,
+    MAX_PREDICATE_VALUES,
+    NAME_MAX_BYTES,
+    USER_ID_MAX,
+    WEIGHT_MAX,
+)
+from tidal.server.errors import InvalidParams
+
+Scalar: TypeAlias = str | int | float | bool
+#: attribute -> the value it must have, or an array of values it may have
+Predicate: TypeAlias = dict[str, Scalar | list[Scalar]]
+
+
+def arity(params: list[Any], method: str, names: str, least: int, most: int) -> None:
+    if not least <= len(params) <= most:
+        count = str(least) if least == most else f"{least} to {most}"
+        raise InvalidParams(f"{method} takes {count} params ({names}), got {len(params)}")
+
+
+def user_id(value: object, where: str = "user_id") -> int:
+    if type(value) is not int or not 0 <= value <= USER_ID_MAX:
+        raise InvalidParams(f"{where}: must be an integer in 0..2**64-1, got {describe(value)}")
+    return value
+
+
+def text(value: object, where: str, max_bytes: int) -> str:
+    """A str (or UTF-8 bin) of 1..max_bytes bytes once encoded as UTF-8, without NUL."""
+    if type(value) is bytes:
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidParams(f"{where}: must be valid UTF-8") from None
+    if type(value) is not str:
+        raise InvalidParams(f"{where}: must be a string, got {describe(value)}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:  # surrogate-escaped bytes that were not UTF-8
+        raise InvalidParams(f"{where}: must be valid UTF-8") from None
+    if not 1 <= size <= max_bytes:
+        raise InvalidParams(f"{where}: must be 1..{max_bytes} bytes of UTF-8, got {size}")
+    if "\x00" in value:  # PostgreSQL's text cannot hold it: one rule for both backends
+        raise InvalidParams(f"{where}: must not contain the NUL character (\\x00)")
+    return value
+
+
+def weight(value: object, where: str = "weight") -> float:
+    if (type(value) is int or type(value) is float) and -WEIGHT_MAX <= value <= WEIGHT_MAX:
+        return float(value)
+    if type(value) is int or type(value) is float:  # NaN fails both comparisons
+        got = repr(value)
+    else:
+        got = describe(value)
+    raise InvalidParams(f"{where}: must be a number in {_WEIGHTS}, got {got}")
+
+
+_WEIGHTS: Final = f"-{WEIGHT_MAX:.0e}..{WEIGHT_MAX:.0e}"
+
+
+def scalar(value: object, where: str) -> Scalar:
+    # bool apart: narrowed to ``bool | int``, which is ``int`` to the type checker, compiled
+    # code would hand back True as 1, and a predicate on True would match 1
+    if type(value) is bool:
+        return value
+    if type(value) is int:
+        return value
+    if type(value) is float:
+        if not math.isfinite(value):
+            raise InvalidParams(f"{where}: must be a finite number, got {value!r}")
+        return value
+    if type(value) is str or type(value) is bytes:
+        return _value_text(value, where)
+    raise InvalidParams(f"{where}: must be a str, int, float or bool, got {describe(value)}")
+
+
+def _value_text(value: str | bytes, where: str) -> str:
+    # Attribute values may be empty strings, unlike names.
+    if value in ("", b""):
+        return ""
+    return text(value, where, ATTR_VALUE_MAX_BYTES)
+
+
+def cohort_name(value: object) -> str:
+    return text(value, "name", NAME_MAX_BYTES)
+
+
+def predicate(value: object) -> Predicate:
+    where = "predicate"
+    if type(value) is not dict:
+        raise InvalidParams(
+            f"{where}: must be a map of attribute to value(s), got {describe(value)}"
+        )
+    if len(value) > MAX_ATTRS:
+        raise InvalidParams(f"{where}: at most {MAX_ATTRS} attributes, got {len(value)}")
+    out: Predicate = {}
+    for raw_key, item in value.items():
+        key = text(raw_key, f"{where} key", NAME_MAX_BYTES)
+        at = f"{where}[{key!r}]"
+        if type(item) is list:
+            if not 1 <= len(item) <= MAX_PREDICATE_VALUES:
+                raise InvalidParams(
+                    f"{at}: an array must hold 1..{MAX_PREDICATE_VALUES} values, got {len(item)}"
+                )
+            out[key] = [scalar(v, f"{at}[{i}]") for i, v in enumerate(item)]
+        else:
+            out[key] = scalar(item, at)
+    terms = sum(len(v) if type(v) is list else 1 for v in out.values())
+    if terms > MAX_PREDICATE_TERMS:
+        raise InvalidParams(f"{where}: at most {MAX_PREDICATE_TERMS} values in all, got {terms}")
+    size = len(msgpack.packb(out))
+    if size > MAX_PREDICATE_BYTES:
+        raise InvalidParams(f"{where}: at most {MAX_PREDICATE_BYTES} bytes encoded, got {size}")
+    return out
+
+
+def limit(value: object, where: str, most: int) -> int:
+    if type(value) is not int or not 1 <= value <= most:
+        raise InvalidParams(f"{where}: must be an integer in 1..{most}, got {describe(value)}")
+    return value
+
+
+def time_ns(value: object, where: str) -> int:
+    if type(value) is not int or not 0 <= value <= 2**63 - 1:
+        raise InvalidParams(
+            f"{where}: must be a time in ns since the epoch, 0..2**63-1, got {describe(value)}"
+        )
+    return value
+
+
+def leave_options(value: object) -> bool:
+    """``leave``'s options: ``{"purge": true}`` purges the user's past with the leave."""
+    where = "options"
+    if value is None:
+        return False
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map, got {describe(value)}")
+    purge = False
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key != "purge":
+            raise InvalidParams(f"{where}: unknown key {key!r}; the only key is 'purge'")
+        if type(item) is not bool:
+            raise InvalidParams(f"{where}.purge: must be true or false, got {describe(item)}")
+        purge = item
+    return purge
+
+
+#: where a page of ``counts`` starts: after this aggregate (layer, key, kind)
+Cursor: TypeAlias = tuple[int, int | str, str]
+
+
+def page(value: object, method: str, keys: tuple[str, ...], most: int) -> dict[str, Any]:
+    """A page request ``{"after": ..., "limit": n}``: the keys it holds, checked for shape
+    here and for meaning by the method."""
+    where = "page"
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map with {' and/or '.join(map(repr, keys))}")
+    out: dict[str, Any] = {}
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key not in keys:
+            raise InvalidParams(
+                f"{where}: unknown key {key!r}; {method} takes {' and '.join(map(repr, keys))}"
+            )
+        if key == "limit" and (type(item) is not int or not 1 <= item <= most):
+            raise InvalidParams(f"{where}.limit: must be an integer in 1..{most}")
+        out[key] = item
+    return out
+
+
+def cursor(value: object) -> Cursor:
+    """The ``more`` of a previous ``counts`` reply, given back."""
+    where = "page.after"
+    if type(value) is not list or len(value) != 3 or type(value[0]) is not int:
+        raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
+    if value[0] not in (0, 1, 2):
+        raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
+    layer, key, kind = value
+    if layer == 1:
+        if type(key) is not int or not 0 <= key < 2**63:  # a cohort id
+            raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
+    else:
+        key = text(key, f"{where}[1]", NAME_MAX_BYTES) if key != "" else ""
+    return (layer, key, text(kind, f"{where}[2]", KIND_MAX_BYTES))
+
+
+def describe(value: object) -> str:
+    if value is None:
+        return "nil"
+    if type(value) is bool or type(value) is int or type(value) is float:
+        return f"{type(value).__name__} {value!r}"
+    return type(value).__name__

@@ -1,0 +1,128 @@
+"""The writes that change who and what counts, rather than add a signal: leave,
+rejoin, purge, erase, and defining or dropping a cohort.
+
+Each is applied at once, like a signal, and recorded in the open batch with a
+line of the user's history; its reply waits for the commit. A purge or erase
+reaches the user's rows read before it: the writer finds them (``core.past``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tidal.server.core import params
+from tidal.server.core.batch import Batch
+from tidal.server.core.members import Membership
+from tidal.server.core.past import ERASE, LEAVE, PURGE, REJOIN, Event, Withdrawal
+from tidal.server.core.replies import Later, Replier
+
+from .committer import SEARCH_LEAST
+from .state import EngineState
+
+
+class Changes:
+    def __init__(self, engine: EngineState, last_event_ns: int, clock: Callable[[], int]) -> None:
+        self._e = engine
+        self._clock = clock
+        self._last_event_ns = last_event_ns
+
+    def leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "leave", "user_id, options={}", 1, 2)
+        user_id = params.user_id(args[0])
+        purge = params.leave_options(args[1]) if len(args) > 1 else False
+        batch = self._e.committer.writable()
+        membership = self._e.members.leave(batch, user_id, self._event_ns())
+        assert membership.left_at_ns is not None  # a leave has its time
+        self._event(batch, user_id, LEAVE, membership.left_at_ns)
+        if purge:  # in the same batch: committed together, or refused together
+            withdrawal = self._withdraw(batch, user_id, erase=False)
+            self._e.committer.ack(conn, msgid, Outcome(withdrawal, membership))
+        else:
+            self._e.committer.ack(conn, msgid, membership.wire())
+
+    def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "rejoin", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        batch = self._e.committer.writable()
+        membership = self._e.members.rejoin(batch, user_id)
+        if membership is not None:
+            self._event(batch, user_id, REJOIN, self._event_ns())
+            self._e.committer.ack(conn, msgid, membership.wire())
+        else:  # already active: nothing was written
+            self._e.committer.answer(conn, msgid, self._e.members.status(user_id).wire())
+
+    def purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "purge", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        withdrawal = self._withdraw(self._e.committer.writable(), user_id, erase=False)
+        self._e.committer.ack(conn, msgid, Outcome(withdrawal))
+
+    def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """Right to erasure: the rows go, with all they added; the user stays Left, so
+        that a stale client's later signals are gated (kept as the ledger's only)."""
+        params.arity(args, "erase", "user_id", 1, 1)
+        user_id = params.user_id(args[0])
+        batch = self._e.committer.writable()
+        withdrawal = self._withdraw(batch, user_id, erase=True)
+        self._e.keys.erasing(batch, user_id, withdrawal.before_seq)
+        if not self._e.members.is_left(user_id):
+            self._e.members.leave(batch, user_id, withdrawal.at_ns)
+        self._e.committer.ack(conn, msgid, Outcome(withdrawal))
+
+    def _withdraw(self, batch: Batch, user_id: int, *, erase: bool) -> Withdrawal:
+        """A purge or an erase of the user's rows read so far; the writer finds them."""
+        withdrawal = Withdrawal(user_id, self._e.next_seq(), erase, self._event_ns())
+        batch.past.append(withdrawal)
+        # what finding the user's rows will cost the writer: a search of every kept row
+        batch.searched += max(self._e.ledger_rows, SEARCH_LEAST)
+        batch.writes += 1
+        self._event(batch, user_id, ERASE if erase else PURGE, withdrawal.at_ns, withdrawal)
+        return withdrawal
+
+    def _event_ns(self) -> int:
+        """Now, for a history event: later than every event before, so that a user's
+        history pages by time exactly, even if the wall clock steps back."""
+        return max(self._clock(), self._last_event_ns + 1)
+
+    def _event(
+        self, batch: Batch, user_id: int, event: int, at_ns: int, w: Withdrawal | None = None
+    ) -> None:
+        """A line of the user's history, written with the change it records."""
+        self._last_event_ns = max(self._last_event_ns, at_ns)
+        batch.history.append(Event(user_id, at_ns, event, w))
+
+    def define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "define_cohort", "name, predicate", 2, 2)
+        name = params.cohort_name(args[0])
+        predicate = params.predicate(args[1])
+        if self._e.cohorts.define(self._e.committer.writable(), name, predicate):
+            self._e.committer.ack(conn, msgid, True)
+        else:  # the same cohort again: its counts go on
+            self._e.committer.answer(conn, msgid, True)
+
+    def drop_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "drop_cohort", "name", 1, 1)
+        name = params.cohort_name(args[0])
+        if self._e.cohorts.drop(self._e.committer.writable(), name):
+            self._e.committer.ack(conn, msgid, True)
+        else:
+            self._e.committer.answer(conn, msgid, False)
+
+
+class Outcome(Later):
+    """The reply to a purge, an erase or a leave with purge: known once committed."""
+
+    __slots__ = ("membership", "withdrawal")
+    is_read = False
+
+    def __init__(self, withdrawal: Withdrawal, membership: Membership | None = None) -> None:
+        self.withdrawal = withdrawal
+        self.membership = membership
+
+    def answer(self) -> dict[str, Any]:
+        w = self.withdrawal
+        if self.membership is not None:
+            return {**self.membership.wire(), "purged": w.signals}
+        done = "erased" if w.erase else "purged"
+        return {"user_id": w.user_id, done: w.signals, "at_ns": w.at_ns}

@@ -1,0 +1,281 @@
+"""Group commit: writes fill the open batch; the writer commits it whole, then lets its replies go.
+
+While one batch commits, the next one fills, so writes from every connection
+share commits. A reply that reveals a write waits for the batch holding it. A
+failed commit puts memory back (each change carries its own undo) and refuses
+every reply that depended on it. The committer knows the batch and storage, not
+the state the engine keeps: the engine prepares a batch, and takes in what
+committed or failed, through the ``Steps`` it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from tidal.server.core.batch import Batch
+from tidal.server.core.replies import Later, Replier
+from tidal.server.errors import CommitUnknown, StorageFailure, Unavailable
+from tidal.server.logs import Throttle
+from tidal.server.metrics import Metrics
+from tidal.server.storage.interface import Storage
+
+from .delivery import deliver, refuse
+
+log = logging.getLogger("tidal.engine")
+#: a refused commit, a line per cause at most every 10 s (a database away for a minute,
+#: with clients retrying, refuses thousands of batches)
+_refusals = Throttle(log)
+
+#: An open batch this large stops every connection until the writer takes it: what waits
+#: for a commit (rows, tallies, replies) stays bounded, and so does the commit's length.
+OPEN_SIGNALS: Final = 50_000
+OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communities and cohorts)
+#: ... or withdrawals (purges, erases) that search this many ledger rows in all: each
+#: searches every kept row's user (about 25 ms per million here), so one commit holds the
+#: writer for a bounded time however many are pipelined; the rest go in the next commits
+OPEN_SEARCH: Final = 2_000_000
+SEARCH_LEAST: Final = 10_000  # what a withdrawal counts for in a small ledger
+
+
+class Steps(Protocol):
+    """What the engine does around each commit."""
+
+    def next_seq(self) -> int:
+        """The ledger seq the next signal will take: where a new open batch starts."""
+
+    def prepare(self, batch: Batch) -> None:
+        """Before ``batch`` commits: add what is due (a checkpoint, old keys to forget)."""
+
+    def last(self, batch: Batch) -> bool:
+        """At shutdown, with nothing left to commit: add a final piece of work, if any."""
+
+    def committed(self, batch: Batch) -> None:
+        """``batch`` is durable: take in what it changed."""
+
+    def failed(self, batch: Batch, later: Batch) -> None:
+        """``batch`` and ``later``, the open one built on it, were refused (their undo
+        already ran)."""
+
+
+class Committer:
+    def __init__(
+        self,
+        storage: Storage,
+        first_seq: int,
+        steps: Steps,
+        *,
+        metrics: Metrics | None = None,
+        hold: Callable[[bool], None] = lambda on: None,
+    ) -> None:
+        self._storage = storage
+        self._steps = steps
+        self._metrics = metrics
+        #: back-pressure: stops (True) or lets go on (False) every connection
+        self._hold = hold
+        self.open = Batch(first_seq)
+        self.inflight: Batch | None = None
+        self.failed: str | None = None  # a commit failed for good: writes refused
+        self.full: str | None = None  # the last commit failed, and later ones may not
+        self.full_state = "full"  # ... as health reports it: full, or unavailable
+        #: set while a commit's outcome is being found out (its answer was lost): writes refused
+        self.unknown: str | None = None
+        self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
+        self.table_reads = 0  # reads of the aggregates table beside the writer (``reads``)
+        self._reads_ended: asyncio.Future[None] | None = None  # the writer waits for them
+        self._closing = False
+        self._last_tried = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-writer")
+
+    async def close(self) -> None:
+        """Commit and answer everything already read, then stop the writer."""
+        self._closing = True
+        self.wake()
+        if self._task is not None:
+            await self._task
+
+    # -- what requests put in the open batch -------------------------------
+
+    def writable(self) -> Batch:
+        """The open batch, for a write; refused for good after a commit failed for good."""
+        if self.failed is not None:
+            raise Unavailable(
+                f"storage failed ({self.failed}); writes are refused until the server"
+                " is restarted on a healthy disk"
+            )
+        if self.unknown is not None:
+            raise Unavailable(
+                f"storage unavailable: {self.unknown}; writes are refused until its outcome is"
+                " known; nothing of this request was saved"
+            )
+        return self.open
+
+    def ack(self, conn: Replier, msgid: int | None, result: Any) -> None:
+        """A write's reply: sent once the batch it joined has committed. A notification's
+        write stays in flight until then too, so that notifications feel back-pressure."""
+        batch = self.open
+        batch.replies.append((conn, msgid, result))
+        batch.writers.add(conn)
+        if self._idle is not None:
+            self.wake()
+        if (
+            batch.signals >= OPEN_SIGNALS
+            or batch.fanout >= OPEN_FANOUT
+            or batch.searched >= OPEN_SEARCH
+        ):
+            self._hold(True)  # let go of when the writer takes this batch
+
+    def answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
+        """A read's reply: now, unless it could show a write that is not yet on disk."""
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        inflight = self.inflight
+        if self.open.writes or (inflight is not None and inflight.writes):
+            self.open.replies.append((conn, msgid, result))
+            self.wake()
+        else:
+            conn.reply(msgid, result)
+
+    def later(self, conn: Replier, msgid: int, result: Later) -> None:
+        """A reply worked out after the writer's next round trip; few may wait per connection."""
+        self.open.replies.append((conn, msgid, result))
+        conn.reading(True)
+        self.wake()
+
+    def may_read_beside(self, conn: Replier) -> bool:
+        """Whether a read by ``conn`` may be answered now with what is committed, the table
+        read beside the writer. Not if ``conn`` has a write waiting for a commit (it sees
+        its own writes), nor if a purge or erase waits (a read after one never sees what
+        it withdraws), nor while the batch committing changes the table: a batch that
+        does waits for such reads to end, so the table stays as the read found memory."""
+        batch, inflight = self.open, self.inflight
+        if batch.past or conn in batch.writers:
+            return False
+        return inflight is None or not (inflight.changes_table() or conn in inflight.writers)
+
+    def reading_table(self, started: bool) -> None:
+        self.table_reads += 1 if started else -1
+        ended = self._reads_ended
+        if not self.table_reads and ended is not None:
+            self._reads_ended = None
+            ended.set_result(None)
+
+    # -- the writer ------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = self.open
+            if not batch.pending():
+                if not self._closing:
+                    self._idle = asyncio.get_running_loop().create_future()
+                    await self._idle
+                    continue
+                if self._last_tried or self.failed or not self._steps.last(batch):
+                    return
+                self._last_tried = True
+            elif self.failed is None:
+                self._steps.prepare(batch)
+            self.open = Batch(self._steps.next_seq())
+            self.inflight = batch
+            self._hold(False)
+            if self.table_reads and batch.changes_table():
+                self._reads_ended = asyncio.get_running_loop().create_future()
+                await self._reads_ended
+            began = time.perf_counter()
+            try:
+                await self._commit(batch)
+            except StorageFailure as exc:
+                self._fail(batch, exc)
+            except Exception as exc:  # a bug must not pass for a commit
+                log.exception("writer failed")
+                self._fail(batch, StorageFailure(f"writer failed: {exc!r}", transient=False))
+            else:
+                if self._metrics is not None and batch.writes:
+                    self._metrics.commit_seconds.observe(time.perf_counter() - began)
+                    self._metrics.batch_size.observe(batch.writes)
+                self._deliver(batch)
+            finally:
+                self.inflight = None
+
+    async def _commit(self, batch: Batch) -> None:
+        """Returns once ``batch`` has committed; raises ``StorageFailure`` if it has not.
+
+        If the answer to its COMMIT was lost, the open batch, built on it, is refused at
+        once (it cannot commit before the outcome is known, and may be wrong after), and so
+        is every write until then; replies that depend on ``batch`` wait for the outcome.
+        """
+        try:
+            await self._storage.commit(batch)
+        except CommitUnknown as unknown:
+            log.error("%s; writes are refused until its outcome is known", unknown)
+            self.unknown = str(unknown)
+            later = self.open
+            for change in reversed(later.undo):
+                change.undo()
+            self.open = Batch(later.first_seq)
+            self._steps.failed(later, self.open)
+            self._hold(False)
+            refuse((later,), f"storage unavailable: {unknown}; nothing of this request was saved")
+            try:
+                await unknown.settle()
+            finally:
+                self.unknown = None
+
+    def wake(self) -> None:
+        """Start the writer if it waits for work (it re-checks the open batch after each commit)."""
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():
+            idle.set_result(None)
+
+    def _deliver(self, batch: Batch) -> None:
+        if batch.writes or batch.checkpoint is not None:  # storage took a write
+            self.full = None
+        try:
+            self._steps.committed(batch)
+        except Exception:  # a bug: memory may be off, but the replies still go out
+            log.exception("taking in a committed batch failed")
+        deliver(batch)
+
+    def _fail(self, batch: Batch, exc: StorageFailure) -> None:
+        """Undo in memory what the disk refused, and refuse every reply that depended on it.
+
+        The open batch was built on top of the failed one (its signals were gated
+        by its leaves), so it fails with it.
+        """
+        later = self.open  # its deltas, like the failed batch's, are simply dropped
+        for failed in (later, batch):
+            for change in reversed(failed.undo):
+                change.undo()
+        self.open = Batch(batch.first_seq)
+        self._steps.failed(batch, later)
+        if exc.data:  # the database is fine: only these writes are refused
+            _refusals(
+                "data", logging.ERROR, "%s; the writes in it were refused, later writes go on", exc
+            )
+        elif exc.transient:
+            self.full = str(exc)
+            self.full_state = exc.state
+            _refusals(
+                exc.state, logging.ERROR,
+                "%s; the writes in it were refused, later writes will be tried", exc,
+            )  # fmt: skip
+        else:
+            self.failed = str(exc)
+            log.critical("%s; refusing all writes until restarted", exc)
+        if exc.data:
+            message = (
+                f"storage unavailable: the database refused a value in this request's group"
+                f" commit ({exc}); nothing of this request was saved"
+            )
+        elif exc.outcome_unknown:
+            message = f"storage unavailable: {exc}; whether this request was saved is unknown"
+        else:
+            message = f"storage unavailable: {exc}; nothing of this request was saved"
+        refuse((batch, later), message)

@@ -1,0 +1,60 @@
+"""A batch's replies on their way out: each answered once its commit is done, or refused
+with it, and every connection touched flushed once."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tidal.protocol import ErrorCode
+from tidal.server.core.batch import Batch
+from tidal.server.core.replies import Later, Replier
+
+log = logging.getLogger("tidal.engine")
+
+
+def deliver(batch: Batch) -> None:
+    """The replies of a committed batch."""
+    touched: dict[Replier, None] = {}
+    for conn, msgid, result in batch.replies:
+        if isinstance(result, Later):
+            if result.is_read:
+                conn.reading(False)
+            answer(conn, msgid, result.answer)
+        else:
+            conn.reply(msgid, result)
+        touched[conn] = None
+    for conn in touched:
+        conn.flush()
+
+
+def refuse(batches: tuple[Batch, ...], message: str) -> None:
+    """Error 2 for every reply that depended on ``batches``; a report (health) is
+    answered as things now are."""
+    touched: dict[Replier, None] = {}
+    for failed in batches:
+        for conn, msgid, result in failed.replies:
+            if isinstance(result, Later):
+                if result.is_read:
+                    conn.reading(False)
+                if result.survives_failure:
+                    answer(conn, msgid, result.answer)
+                    touched[conn] = None
+                    continue
+            conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
+            touched[conn] = None
+    for conn in touched:
+        conn.flush()
+
+
+def answer(conn: Replier, msgid: int | None, work: Callable[[], Any]) -> None:
+    """A reply worked out now. Whatever goes wrong in working it out is that request's
+    error (-32603), never the writer's or the reader's: they go on for everyone else."""
+    try:
+        result = work()
+    except Exception:
+        log.exception("internal error while answering msgid %s", msgid)
+        conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in this reply")
+    else:
+        conn.reply(msgid, result)

@@ -1,0 +1,262 @@
+"""The engine: requests change memory in the order they are read; replies wait for the disk.
+
+Two promises meet here. *Zero window*: a request is applied the moment it is
+read, so a signal read after a leave is gated even before the leave's reply is
+sent. *Acknowledged means durable*: every reply that reveals a write waits, in
+the committer, until the batch holding that write has committed.
+
+This module is the dispatch table, the signal path and the steps around each
+commit. The other writes are in ``changes``, the reads in ``reads``. The state
+they change lives in the sans-I/O core (``tidal.server.core``: members, cohorts,
+keys, aggregates), each part recording its changes in the open batch with their
+undo; the ledger row and the rule for what a signal counts toward are in
+``core.ledger``; group commit is in ``committer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
+from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
+from tidal.server.core import ledger, params
+from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
+from tidal.server.core.batch import Batch
+from tidal.server.core.cohorts import Registry
+from tidal.server.core.keys import Keys
+from tidal.server.core.members import Members
+from tidal.server.core.replies import Replier
+from tidal.server.core.signals import SignalArgs, signal_batch, single_signal
+from tidal.server.core.userrows import UserRows
+from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
+from tidal.server.metrics import Metrics
+from tidal.server.storage.interface import Snapshot, Storage
+from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
+
+from .changes import Changes
+from .committer import Committer
+from .reads import Reads
+from .retention import Retention
+
+log = logging.getLogger("tidal.engine")
+
+Handler = Callable[[Replier, int | None, list[Any]], None]
+
+
+class Engine:
+    def __init__(
+        self,
+        storage: Storage,
+        snapshot: Snapshot,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        connections: Callable[[], int] = lambda: 0,
+        checkpoint_signals: int = CHECKPOINT_SIGNALS,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        key_window_ns: int = 24 * 3600 * 10**9,
+        max_keys: int = 1_000_000,
+        metrics: Metrics | None = None,
+        hold: Callable[[bool], None] = lambda on: None,
+        max_reply: int = DEFAULT_MAX_MESSAGE_SIZE,
+        ledger_retention: float = 0.0,
+    ) -> None:
+        self.storage = storage
+        self._clock = clock
+        self.connections = connections
+        self.reply_budget = max_reply - REPLY_ENVELOPE
+        self.metrics = metrics
+        self.members = Members.adopt(snapshot.left, snapshot.rejoined)
+        self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
+        self.keys = Keys(snapshot.keys, key_window_ns, max_keys)
+        self.aggregates = Aggregates(
+            snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
+        )
+        self.aggregates.replay(snapshot.ledger_tail)
+        self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
+        self._next_seq = snapshot.next_seq
+        self.committer = Committer(
+            storage,
+            snapshot.next_seq,
+            self,
+            metrics=metrics,
+            hold=hold,
+        )
+        self.signals = self.forwarded = 0
+        self.ledger_rows = snapshot.ledger_rows
+        self.retention = Retention(ledger_retention, clock, self.committer)
+        self._methods: dict[str, Handler] = {
+            "ping": self._ping,
+            "signal": self._signal,
+            "signal_batch": self._signal_batch,
+        }
+        changes = Changes(self, snapshot.last_event_ns, clock)
+        self._methods.update(
+            leave=changes.leave,
+            rejoin=changes.rejoin,
+            purge=changes.purge,
+            erase=changes.erase,
+            define_cohort=changes.define_cohort,
+            drop_cohort=changes.drop_cohort,
+        )
+        reads = self._reads = Reads(self)
+        self.health = reads.health
+        self._methods.update(
+            status=reads.status,
+            cohorts=reads.cohorts,
+            counts=reads.counts,
+            stats=reads.stats,
+            health=reads.check_health,
+            history=reads.history,
+            left_users=reads.left_users,
+        )
+
+    def start(self) -> None:
+        self.committer.start()
+        self.retention.start()
+
+    async def close(self) -> None:
+        """Commit and answer everything already read, then stop the writer."""
+        self.retention.stop()
+        await self.committer.close()
+        await self._reads.close()
+
+    def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
+        """Apply one request now; its reply goes out now or when its batch is durable.
+
+        ``msgid`` is None for a notification: it is applied, never answered.
+        """
+        try:
+            handler = self._methods.get(method)
+            if handler is None:
+                raise MethodNotFound(f"method not found: {method!r}")
+            handler(conn, msgid, args)
+        except RequestError as exc:
+            conn.reply_error(msgid, exc.code, str(exc))
+        except Exception:
+            log.exception("internal error in %s", method)
+            conn.reply_error(msgid, RequestError.code, f"internal error in {method}")
+
+    # -- writes ----------------------------------------------------------
+
+    def _ping(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "ping", "none", 0, 0)
+        conn.reply(msgid, "pong")
+
+    def _signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        s = single_signal(args)
+        batch = self.committer.writable()
+        self.committer.ack(conn, msgid, self._record(batch, s, self._clock()))
+
+    def _signal_batch(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        signals = signal_batch(args)  # all valid, or none applied
+        batch = self.committer.writable()
+        now = self._clock()
+        record = self._record
+        if not self.cohorts:  # fan-out is the communities named, bounded by params
+            self.committer.ack(conn, msgid, [record(batch, s, now) for s in signals])
+            return
+        # matched first, to bound the request's fan-out before any of it is applied
+        is_left = self.members.is_left
+        match = self.cohorts.match
+        matched = [() if is_left(s.user_id) else match(s.attrs) for s in signals]
+        fanout = sum(len(s.communities) + len(m) for s, m in zip(signals, matched, strict=True))
+        if fanout > MAX_FANOUT:
+            raise InvalidParams(
+                f"signals: this batch adds to {fanout} aggregates (communities named and"
+                f" cohorts matched, per signal); at most {MAX_FANOUT} per request: send"
+                " fewer signals per batch"
+            )
+        acks = [record(batch, s, now, m) for s, m in zip(signals, matched, strict=True)]
+        self.committer.ack(conn, msgid, acks)
+
+    def _record(
+        self, batch: Batch, s: SignalArgs, now_ns: int, matched: tuple[int, ...] | None = None
+    ) -> dict[str, Any]:
+        """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
+        user_id, entity, kind, weight, communities, attrs, key = s
+        if key is not None:
+            seen = self.keys.seen(key, now_ns, user_id)
+            if seen is not None:
+                return {"seq": seen[0], "forwarded": seen[1]}  # a retry: counted once
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        aggregates = self.aggregates
+        mine = aggregates.live.get(entity)  # counted once, now (see Aggregates.tally)
+        if mine is None:
+            mine = aggregates.tally(entity)
+        forwarded = not self.members.is_left(user_id)  # the gate
+        if forwarded:
+            cohorts = matched if matched is not None else self.cohorts.match(attrs)
+            aggregates.tallies += ledger.count(mine, kind, weight, cohorts, communities)
+            batch.forwarded += 1
+            batch.fanout += len(cohorts) + len(communities)
+        else:
+            cohorts = ()
+            aggregates.tallies += ledger.count(mine, kind, weight, (), ())
+        context = ledger.context(communities, attrs, cohorts)
+        db_user = user_id - U64 if user_id > I64_MAX else user_id  # to_db, inline: per signal
+        batch.ledger.append((seq, db_user, entity, kind, weight, now_ns, forwarded, context))
+        if key is not None:
+            self.keys.remember(batch, key, (seq, forwarded, now_ns))
+        batch.signals += 1
+        batch.writes += 1
+        return {"seq": seq, "forwarded": forwarded}
+
+    # -- around each commit (the committer's Steps) -----------------------
+
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    def prepare(self, batch: Batch) -> None:
+        if self.aggregates.due():
+            # every signal before this batch has committed, and this batch's rows commit
+            # with the checkpoint: the live deltas, which count them all, run to its end
+            self._checkpoint(batch, self._next_seq - 1)
+            self.keys.forget_old(batch, self._clock())
+        self.user_rows.prepare(batch)
+        for w in batch.past:
+            user = to_db(w.user_id)
+            w.recent = self.user_rows.recent(user, w.before_seq)
+            w.recent += [row[0] for row in batch.ledger if row[1] == user and row[0] < w.before_seq]
+
+    def last(self, batch: Batch) -> bool:
+        """One last checkpoint, so that the next boot replays nothing."""
+        if not self.aggregates.live:
+            return False
+        self._checkpoint(batch, self._next_seq - 1)
+        return True
+
+    def _checkpoint(self, batch: Batch, upto_seq: int) -> None:
+        batch.checkpoint_seq = upto_seq
+        batch.checkpoint = self.aggregates.begin_checkpoint(upto_seq)
+
+    def committed(self, batch: Batch) -> None:
+        if batch.checkpoint is not None:
+            self.aggregates.end_checkpoint(committed=True)
+        self.aggregates.signals_committed(batch.signals)
+        self.user_rows.committed(batch)
+        self.ledger_rows += batch.signals - batch.retired
+        for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
+            log.info("%s", w)  # rare, and asked for: worth a line each
+            self.aggregates.withdraw(w.live)
+            if w.erase:
+                self.keys.erased(w.user_id, w.before_seq, w.keys)
+                self.user_rows.erased(to_db(w.user_id), w.before_seq)
+                self.ledger_rows -= w.signals
+        if batch.retire is not None:
+            self.retention.done(batch.retired)
+        self.signals += batch.signals
+        self.forwarded += batch.forwarded
+        if self.metrics is not None:
+            self.metrics.leaves += batch.leaves
+            self.metrics.rejoins += batch.rejoins
+
+    def failed(self, batch: Batch, later: Batch) -> None:
+        if batch.checkpoint is not None:
+            self.aggregates.end_checkpoint(committed=False)
+        # their signals were counted when read: what the disk refused is taken back off
+        self.aggregates.withdraw(self.aggregates.uncount([*batch.ledger, *later.ledger]))
+        self._next_seq = batch.first_seq

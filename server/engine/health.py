@@ -1,0 +1,70 @@
+"""Health that tells the truth: what an orchestrator may route on and restart by.
+
+``ping`` says the process answers (liveness). ``health`` says whether it can do
+its job (readiness): ``ok`` only once the database is loaded, storage takes
+writes, and the writer thread has just completed a round trip, so a wedged
+disk shows as a health check that times out rather than one that passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from tidal.protocol import ErrorCode
+from tidal.server.core import params
+from tidal.server.core.replies import Later, Replier
+from tidal.server.errors import InvalidParams
+
+OK: Final = "ok"
+STARTING: Final = "starting"
+FAILING: Final = "failing"
+
+
+def report(storage: str, error: str | None = None) -> dict[str, Any]:
+    """The ``health`` reply. ``storage``: loading, ok, full (writes refused until space
+    returns), unavailable (the database cannot be reached; writes refused until it can)
+    or failed (writes refused until a restart)."""
+    if storage == "loading":
+        return {"status": STARTING, "storage": storage}
+    if storage == "ok":
+        return {"status": OK, "storage": storage}
+    return {"status": FAILING, "storage": storage, "error": error or storage}
+
+
+class HealthCheck(Later):
+    """A ``health`` request waiting for its round trip through the writer; answered as
+    things are then, even if that commit failed (it reports, it reveals nothing)."""
+
+    __slots__ = ("now",)
+    survives_failure = True
+
+    def __init__(self, now: Callable[[], dict[str, Any]]) -> None:
+        self.now = now
+
+    def answer(self) -> dict[str, Any]:
+        return self.now()
+
+
+class Booting:
+    """Answers requests while the database loads, so that a long boot can be told from a
+    dead server. Nothing can be applied yet: leave state is not in memory, and a gate
+    that read a half-loaded map would forward a signal it must not."""
+
+    STARTING_MESSAGE: Final = "starting: tidal is loading its database; try again shortly"
+
+    def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
+        if msgid is None:
+            conn.reply(None, None)  # nothing can be applied yet
+            return
+        try:
+            if method == "ping":
+                params.arity(args, "ping", "none", 0, 0)
+                conn.reply(msgid, "pong")
+            elif method == "health":
+                params.arity(args, "health", "none", 0, 0)
+                conn.reply(msgid, report("loading"))
+            else:
+                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.STARTING_MESSAGE)
+        except InvalidParams as exc:
+            conn.reply_error(msgid, ErrorCode.INVALID_PARAMS, str(exc))

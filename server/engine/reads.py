@@ -1,0 +1,237 @@
+"""The read handlers: status, cohorts, counts, stats and health.
+
+A read changes nothing. It is answered at once unless it could show a write not
+yet on disk. ``counts`` reads the table beside the writer and answers with what
+is committed, unless it must show what is not yet (the caller's own writes, a
+purge read before it): then it waits for the writer's next round trip, as
+``health`` always does (proof that the writer is alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from tidal.protocol import ErrorCode
+from tidal.protocol.limits import (
+    ENTITY_MAX_BYTES,
+    HISTORY_LINE_BYTES,
+    LEFT_USER_BYTES,
+    MAX_COHORTS,
+    MAX_HISTORY,
+    MAX_LEFT_USERS,
+    NAME_MAX_BYTES,
+    SLOT_REPLY_BYTES,
+)
+from tidal.server.core import params
+from tidal.server.core.counts import CountsRead
+from tidal.server.core.ledger import Row
+from tidal.server.core.past import HistoryRead, LeftRead, Pending
+from tidal.server.core.replies import Later, Replier
+from tidal.server.errors import StorageFailure
+from tidal.server.version import VERSION
+
+from .delivery import answer
+from .health import HealthCheck, report
+from .state import EngineState
+
+log = logging.getLogger("tidal.engine")
+
+
+class Reads:
+    def __init__(self, engine: EngineState) -> None:
+        self._engine = engine
+        self._started = time.monotonic()
+        #: counts waiting to read the table beside the writer, and the task reading them
+        self._beside: list[tuple[Replier, int, CountsRead]] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "status", "user_id", 1, 1)
+        status = self._engine.members.status(params.user_id(args[0]))
+        self._engine.committer.answer(conn, msgid, status.wire())
+
+    def cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "cohorts", "page={}", 0, 1)
+        if args:
+            page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
+            after = page.get("after")
+            if after is not None:
+                after = params.text(after, "page.after", NAME_MAX_BYTES)
+            listed = self._engine.cohorts.page(
+                after, page.get("limit", MAX_COHORTS), self._engine.reply_budget
+            )
+        else:
+            listed = self._engine.cohorts.every(self._engine.reply_budget)
+        self._engine.committer.answer(conn, msgid, listed)
+        conn.flush()  # a large reply made now must meet the peer's flow control at once
+
+    def counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "counts", "entity, page={}", 1, 2)
+        entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
+        most = self._engine.reply_budget // SLOT_REPLY_BYTES
+        page = params.page(args[1] if len(args) > 1 else None, "counts", ("after", "limit"), most)
+        after = params.cursor(page["after"]) if page.get("after") is not None else None
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        engine = self._engine
+        committer = engine.committer
+        limit = page.get("limit", most)
+        if committer.may_read_beside(conn):
+            read = engine.aggregates.committed_page(
+                entity, engine.cohorts.names(), self._uncommitted(), after, limit
+            )
+            committer.reading_table(True)
+            conn.reading(True)
+            self._beside.append((conn, msgid, read))
+            if self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(self._read_beside())
+            return
+        # it must see writes not yet committed: answered once they are
+        pending = [Pending(w, whole=True) for w in committer.open.past]
+        if committer.inflight is not None:
+            pending += [Pending(w, whole=False) for w in committer.inflight.past]
+        read = engine.aggregates.capture(entity, engine.cohorts.names(), pending, after, limit)
+        committer.open.reads.append(read)  # the writer reads the table's share
+        committer.later(conn, msgid, _Counts(read))
+
+    def _uncommitted(self) -> Iterable[Row]:
+        committer = self._engine.committer
+        if committer.inflight is None:
+            return committer.open.ledger
+        return itertools.chain(committer.inflight.ledger, committer.open.ledger)
+
+    async def _read_beside(self) -> None:
+        """The table's share of the counts queued, read while the writer goes on, then
+        their replies. Those queued during one round trip to the reader's thread share
+        the next, as writes share a commit."""
+        committer = self._engine.committer
+        while self._beside:
+            reads, self._beside = self._beside, []
+            try:
+                await self._engine.storage.read_counts([read for _, _, read in reads])
+            except StorageFailure as exc:
+                for conn, msgid, _ in reads:
+                    conn.reply_error(msgid, ErrorCode.UNAVAILABLE, f"storage unavailable: {exc}")
+            except Exception:  # a bug must not leave the reads unanswered
+                log.exception("reading counts failed")
+                for conn, msgid, _ in reads:
+                    conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in counts")
+            else:
+                for conn, msgid, read in reads:
+                    answer(conn, msgid, read.answer)
+            touched: dict[Replier, None] = {}
+            for conn, _, _ in reads:
+                committer.reading_table(False)
+                conn.reading(False)
+                touched[conn] = None
+            for conn in touched:
+                conn.flush()
+        self._reader = None
+
+    async def close(self) -> None:
+        """Let the reads beside the writer end (the storage closes next)."""
+        if self._reader is not None:
+            await self._reader
+
+    def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""
+        params.arity(args, "history", "user_id, limit=100, after_ns=0", 1, 3)
+        user_id = params.user_id(args[0])
+        most = min(MAX_HISTORY, self._engine.reply_budget // HISTORY_LINE_BYTES)
+        limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(100, most)
+        after_ns = params.time_ns(args[2], "after_ns") if len(args) > 2 else 0
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        mine = [e for e in committer.open.history if e.user_id == user_id]
+        read = HistoryRead(user_id, after_ns, limit, mine)
+        committer.open.reads.append(read)
+        committer.later(conn, msgid, read)
+
+    def left_users(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """A page of Left users in user_id order: for audits and for reconciling a copy."""
+        params.arity(args, "left_users", "after=nil, limit=1000", 0, 2)
+        after = params.user_id(args[0], "after") if args and args[0] is not None else None
+        most = min(MAX_LEFT_USERS, self._engine.reply_budget // LEFT_USER_BYTES)
+        limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(1000, most)
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        changes = {
+            user_id: change
+            for user_id, change in committer.open.memberships.items()
+            if after is None or user_id > after
+        }
+        read = LeftRead(after, limit, changes)
+        committer.open.reads.append(read)
+        committer.later(conn, msgid, read)
+
+    def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "stats", "none", 0, 0)
+        signals = self._engine.signals
+        stats = {
+            "version": VERSION,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "connections": self._engine.connections(),
+            "signals": signals,
+            "forwarded": self._engine.forwarded,
+            "gated": signals - self._engine.forwarded,
+            "users_left": len(self._engine.members),
+            "ledger_rows": self._engine.ledger_rows,
+            "ledger_retired": self._engine.retention.retired,
+            "backend": self._engine.storage.backend,
+            "db_bytes": self._engine.storage.size(),
+            "commits": self._engine.storage.commits,
+            "storage": self.health()["storage"],
+        }
+        self._engine.committer.answer(conn, msgid, stats)
+
+    def check_health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """Answered after a round trip through the writer: a stuck disk times it out.
+        After a full disk, the round trip carries a small write, to see if space is back."""
+        params.arity(args, "health", "none", 0, 0)
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        if committer.unknown is not None:  # the writer is busy finding out: say so now
+            conn.reply(msgid, self.health())
+            return
+        batch = committer.open
+        if committer.full is not None and committer.failed is None and not batch.probe:
+            batch.probe = True
+            batch.writes += 1
+        batch.reach = True  # the round trip reaches the database, wherever it is
+        committer.later(conn, msgid, HealthCheck(self.health))
+
+    def health(self) -> dict[str, Any]:
+        committer = self._engine.committer
+        failed, full = committer.failed, committer.full
+        if failed is not None:
+            return report("failed", f"storage failed ({failed}); restart on a healthy disk")
+        if committer.unknown is not None:
+            return report("unavailable", f"{committer.unknown}; finding out whether it held")
+        if full is not None:
+            state = self._engine.committer.full_state
+            return report(state, f"the last commit failed ({full}); writes are refused")
+        return report("ok")
+
+
+class _Counts(Later):
+    """A ``counts`` read: memory captured now, the table's share read by the writer."""
+
+    __slots__ = ("read",)
+
+    def __init__(self, read: CountsRead) -> None:
+        self.read = read
+
+    def answer(self) -> dict[str, Any]:
+        return self.read.answer()

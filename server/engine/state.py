@@ -1,0 +1,38 @@
+"""The engine's state as its handlers see it: a shape, so that ``reads`` and
+``changes`` need not import the ``Engine`` that holds them (and be imported by it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from tidal.server.core.aggregates import Aggregates
+from tidal.server.core.cohorts import Registry
+from tidal.server.core.keys import Keys
+from tidal.server.core.members import Members
+from tidal.server.storage.interface import Storage
+
+from .committer import Committer
+from .retention import Retention
+
+
+class EngineState(Protocol):
+    storage: Storage
+    committer: Committer
+    retention: Retention
+    members: Members
+    cohorts: Registry
+    keys: Keys
+    aggregates: Aggregates
+    #: what a reply may take, after its envelope
+    reply_budget: int
+    #: since boot: signals committed, and of those, forwarded
+    signals: int
+    forwarded: int
+    ledger_rows: int  # kept now
+    connections: Callable[[], int]
+
+    def next_seq(self) -> int:
+        """The seq the next signal will take: a purge read now reaches the rows below it."""
+        ...

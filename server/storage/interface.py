@@ -1,0 +1,66 @@
+"""Storage, as the engine sees it: one small interface, two backends.
+
+``--db`` names a SQLite file (``sqlite``, the embedded default) or a
+``postgresql://`` URL (``postgres``); ``backends`` opens the one it names. Both run
+the same plans (``plans``) and keep the same promises: a batch is one
+transaction, and ``commit`` returns only once it is durable, or raises
+``StorageFailure``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tidal.server.core.batch import Batch
+from tidal.server.core.counts import CountsRead
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the server needs in memory before it accepts a connection."""
+
+    #: users who have left, and users who left once and rejoined: user_id -> left_at_ns
+    left: dict[int, int]
+    rejoined: dict[int, int]
+    cohorts: list[tuple[int, str, Any]]
+    next_seq: int
+    next_cohort_id: int
+    #: the aggregates table holds every signal up to this seq; later ledger rows follow
+    watermark: int
+    ledger_tail: list[tuple[str, str, float, int, bytes | None]]
+    #: idempotency key -> (seq, forwarded, ts_ns), oldest first
+    keys: OrderedDict[str, tuple[int, bool, int]]
+    ledger_rows: int
+    last_event_ns: int  # the latest event in any user's history
+    next_block: int  # the first seq that no block of ledger_users lists yet
+    users_tail: list[int]  # the users of the rows from there on, in seq order
+
+
+class Storage(Protocol):
+    #: "sqlite" or "postgresql", for ``stats`` and the metrics
+    backend: str
+    #: where it is, safe to log (a URL's password is left out)
+    location: str
+    commits: int  # transactions committed since boot
+
+    async def load(self, keys_since_ns: int, max_keys: int) -> Snapshot:
+        """Everything the engine keeps in memory; called once, before serving."""
+
+    async def commit(self, batch: Batch) -> None:
+        """The batch's reads, then its writes in one transaction; raises ``StorageFailure``
+        if it did not commit (and only then), or ``CommitUnknown`` if the answer to its
+        COMMIT was lost (PostgreSQL)."""
+
+    async def read_counts(self, reads: list[CountsRead]) -> None:
+        """The table's share of ``counts`` reads, beside the writer (see ``reads``)."""
+
+    def size(self) -> int:
+        """Bytes the database takes (PostgreSQL: as last measured)."""
+
+    async def close(self) -> None: ...
+
+
+def is_url(db: str) -> bool:
+    return db.startswith(("postgresql://", "postgres://"))

@@ -1,0 +1,201 @@
+"""What each storage call does, statement by statement, for both backends (see ``sqlbulk``).
+
+The boot's load, a batch's reads and writes in one transaction, and the table's
+share of a ``counts``: written once, as plans, and run by ``storage_sqlite`` or
+``storage_pg``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from typing import Any, Final
+
+import msgpack
+
+from tidal.server.core import past
+from tidal.server.core.batch import Batch
+from tidal.server.core.counts import CountsRead
+
+from . import past as storage_past
+from .interface import Snapshot
+from .sqlbulk import (
+    ADD_META,
+    SET_META,
+    Begin,
+    Bulk,
+    Commit,
+    Dialect,
+    Exec,
+    Fill,
+    Many,
+    Plan,
+    Put,
+    Rows,
+    after_args,
+    from_db,
+    put_aggregates,
+    rows_of,
+    slot_row,
+    table_watermark,
+    to_db,
+)
+
+log = logging.getLogger("tidal.storage")
+
+LEDGER: Final = Bulk(
+    "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)",
+    ("bigint", "bigint", "text", "text", "float8", "bigint", "smallint", "bytea"),
+)
+_MEMBERSHIPS: Final = Bulk(
+    'INSERT INTO memberships (user_id, "left", left_at_ns)',
+    ("bigint", "smallint", "bigint"),
+    ' ON CONFLICT (user_id) DO UPDATE SET "left" = excluded."left",'
+    " left_at_ns = excluded.left_at_ns",
+)
+_KEYS: Final = Bulk(
+    "INSERT INTO signal_keys (key, seq, forwarded, ts_ns)",
+    ("text", "bigint", "smallint", "bigint"),
+    " ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, forwarded = excluded.forwarded,"
+    " ts_ns = excluded.ts_ns",
+)
+_COUNTS: Final = "SELECT layer, cohort, name, kind, count, weight FROM aggregates WHERE entity = ?"
+_SELECT_COUNTS: Final = _COUNTS + " ORDER BY layer, cohort, name, kind LIMIT ?"
+_SELECT_COUNTS_AFTER: Final = (
+    _COUNTS + " AND (layer, cohort, name, kind) > (?, ?, ?, ?)"
+    " ORDER BY layer, cohort, name, kind LIMIT ?"
+)
+# ids below 2**63 (stored as they are), then those above (stored negative)
+_MEMBERS: Final = 'SELECT user_id, left_at_ns FROM memberships WHERE "left" = ?'
+_SELECT_MEMBERS: Final = _MEMBERS + " AND user_id >= 0"
+_SELECT_HIGH_MEMBERS: Final = _MEMBERS + " AND user_id < 0"
+_UPSERT_COHORT: Final = (
+    "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
+    " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
+)
+
+
+def load(d: Dialect, keys_since_ns: int, max_keys: int) -> Plan[Snapshot]:
+    left: dict[int, int] = {}
+    rejoined: dict[int, int] = {}
+    for is_left, members in ((1, left), (0, rejoined)):
+        yield Fill(_SELECT_MEMBERS, (is_left,), members)
+        for uid, at in (yield Rows(_SELECT_HIGH_MEMBERS, (is_left,))):
+            members[from_db(uid)] = at
+    cohorts = [
+        (cid, name, msgpack.unpackb(blob, raw=False))
+        for cid, name, blob in (yield Rows("SELECT id, name, predicate FROM cohorts ORDER BY id"))
+    ]
+    ((max_seq,),) = yield Rows("SELECT COALESCE(MAX(seq), 0) FROM ledger")
+    meta = dict((yield Rows("SELECT key, value FROM meta")))
+    watermark = int(meta.get("aggregates_seq", 0))
+    tail = yield Rows(
+        "SELECT entity, kind, weight, forwarded, context FROM ledger WHERE seq > ? ORDER BY seq",
+        (watermark,),
+    )
+    newest_keys = yield Rows(
+        "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
+        " ORDER BY ts_ns DESC LIMIT ?",
+        (keys_since_ns, max_keys),
+    )
+    keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
+    ((last_event,),) = yield Rows("SELECT MAX(at_ns) FROM history")  # at_ns only grows
+    next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
+    rows = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
+    next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
+    return Snapshot(
+        left,
+        rejoined,
+        cohorts,
+        next_seq,
+        int(meta.get("next_cohort_id", 1)),
+        watermark,
+        tail,
+        keys,
+        rows,
+        last_event or 0,
+        next_block,
+        users_tail,
+    )
+
+
+def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
+    """The batch's reads, then its writes in one transaction. True if one was committed.
+
+    Reads come first so that a read never sees a checkpoint taken in its own batch
+    (see ``CountsRead``). A batch that changes nothing costs no transaction.
+    """
+    for read in batch.reads:
+        if isinstance(read, CountsRead):
+            yield from read_counts(read)
+        elif isinstance(read, past.HistoryRead):
+            args = (to_db(read.user_id), read.after_ns, read.limit)
+            read.rows = yield Rows(storage_past.SELECT_HISTORY, args)
+        else:
+            read.rows = yield from storage_past.left_users(read.after, read.wanted())
+    if not batch.writes and batch.checkpoint is None and batch.retire is None:
+        if batch.reach:  # a health check: proof the database answers
+            yield Rows("SELECT 1")
+        return False
+    yield Begin()
+    yield Put(LEDGER, batch.ledger)
+    memberships = batch.memberships.items()
+    yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
+    if batch.cohorts:
+        yield from _write_cohorts(batch)
+    yield Put(_KEYS, [(key, *ack) for key, ack in batch.keys.items()])
+    if batch.probe:
+        yield Exec(SET_META, ("health_probe_ns", time.time_ns()))
+    if batch.forget_keys_before is not None:
+        yield Exec("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
+    if batch.checkpoint is not None:
+        yield from put_aggregates(rows_of(batch.checkpoint))
+        yield Exec(SET_META, ("aggregates_seq", batch.checkpoint_seq))
+    if batch.users_blocks:
+        yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
+    if batch.past or batch.retire is not None:
+        # after the checkpoint: what it wrote is the table these rows are withdrawn from
+        watermark = yield from table_watermark()
+        # rows are about to go, maybe the newest: a seq once acknowledged is never
+        # given again, so the next boot must not take its next seq from what is left
+        yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
+        blocks = (yield from storage_past.read_blocks()) if batch.past else {}
+        for withdrawal in batch.past:
+            yield from storage_past.withdraw(d, withdrawal, watermark, blocks)
+        if batch.retire is not None:
+            yield from storage_past.retire(batch, watermark)
+        deleted = batch.retired + sum(w.signals for w in batch.past if w.erase)
+        if deleted:  # so that boot knows how many rows there are without counting them
+            yield Exec(ADD_META, ("ledger_deleted", deleted))
+    if batch.history:
+        lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
+        yield Put(storage_past.HISTORY, lines)
+    yield Commit(batch_id)
+    return True
+
+
+def read_counts(read: CountsRead) -> Plan[None]:
+    args: tuple[Any, ...]
+    if read.after is None:
+        query, args = _SELECT_COUNTS, (read.entity, read.limit + 1)
+    else:
+        query, args = _SELECT_COUNTS_AFTER, (read.entity, *after_args(read.after), read.limit + 1)
+    read.rows = [slot_row(row) for row in (yield Rows(query, args))]
+    if read.flushing_to is not None:  # a checkpoint was committing when memory was read
+        read.table_watermark = yield from table_watermark()
+
+
+def _write_cohorts(batch: Batch) -> Plan[None]:
+    dropped = [(name,) for name, c in batch.cohorts.items() if c is None]
+    defined = [
+        (c.id, c.name, msgpack.packb(c.predicate, use_bin_type=True))
+        for c in batch.cohorts.values()
+        if c is not None
+    ]
+    if dropped:
+        yield Many("DELETE FROM cohorts WHERE name = ?", dropped)
+    if defined:
+        yield Many(_UPSERT_COHORT, defined)
+    if batch.next_cohort_id is not None:
+        yield Exec(SET_META, ("next_cohort_id", batch.next_cohort_id))

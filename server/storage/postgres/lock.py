@@ -1,0 +1,75 @@
+"""One tidal per schema: a session-level advisory lock, held by the writer's session
+for the server's life, and retaken on each reconnect (see ``runner``)."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Final
+
+import asyncpg
+
+from .session import STATEMENT_TIMEOUT
+
+log = logging.getLogger("tidal.storage")
+
+#: pg_advisory_lock's key for "one tidal per schema": the bytes of "tida", then the CRC-32
+#: of the schema tidal's tables are in (advisory locks are per database; tidal's tables are
+#: per schema, so two tidals in two schemas of one database are two databases to tidal)
+LOCK_CLASS: Final = 0x7469_6461
+_HOLDER: Final = """
+    SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l
+    JOIN pg_stat_activity a USING (pid)
+    WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2
+      AND l.objsubid = 2"""
+
+
+class AdvisoryLock:
+    def __init__(self, schema: str, writer_pid: int) -> None:
+        crc = zlib.crc32(schema.encode("utf-8"))
+        self.key = (LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc)
+        #: the backend of this server's last writer session: on a network that went silent,
+        #: the database may not know yet that it is gone, and it still holds the lock
+        self.writer_pid = writer_pid
+
+    async def take(self, conn: asyncpg.Connection) -> bool:
+        locked: bool = await conn.fetchval(
+            "SELECT pg_try_advisory_lock($1, $2)", *self.key, timeout=STATEMENT_TIMEOUT
+        )
+        return locked
+
+    async def retake(self, conn: asyncpg.Connection) -> bool:
+        """Retake the lock on a new connection. If the session holding it is this server's
+        own previous one (abandoned when its network went silent, and still alive on the
+        database's side), end it and take the lock: it can commit nothing more."""
+        if await self.take(conn):
+            self.writer_pid = conn.get_server_pid()
+            return True
+        row = await self.holder_row(conn)
+        if row is None or row["pid"] != self.writer_pid:
+            return False
+        log.warning("ending this server's previous session (backend pid %d)", row["pid"])
+        await conn.fetchval(
+            "SELECT pg_terminate_backend($1, $2)",
+            row["pid"],
+            int(STATEMENT_TIMEOUT * 1000),
+            timeout=STATEMENT_TIMEOUT + 1,
+        )
+        if not await self.take(conn):
+            return False
+        self.writer_pid = conn.get_server_pid()
+        return True
+
+    async def holder_row(self, conn: asyncpg.Connection) -> asyncpg.Record | None:
+        """The lock holder's backend pid and address, if a session holds it."""
+        classid, objid = self.key
+        row: asyncpg.Record | None = await conn.fetchrow(
+            _HOLDER, classid, objid & 0xFFFF_FFFF, timeout=STATEMENT_TIMEOUT
+        )
+        return row
+
+    async def holder(self, conn: asyncpg.Connection) -> str:
+        row = await self.holder_row(conn)
+        if row is None:
+            return "a session that has just ended"
+        return f"backend pid {row['pid']} from {row['client_addr'] or 'a local socket'}"

@@ -1,0 +1,297 @@
+"""PostgreSQL storage through asyncpg: the same plans as SQLite's, on a database server.
+
+One writer connection holds a session-level advisory lock for the server's life:
+one tidal per database. Every batch is one transaction on it, committed with
+``synchronous_commit`` on, so an acknowledged write is on the database server's
+disk. A second connection reads ``counts`` beside the writer.
+
+The database may go away (restarted, failed over, unreachable). Writes and the
+reads that need it are then refused (error 2) and the writer reconnects, with
+backoff, when asked to commit again. Reconnecting retakes the lock and checks
+that the database is as this server left it: each transaction writes a batch id
+(``meta.batch_id``), which must still be the last one this server committed.
+The same id settles a COMMIT whose answer was lost: committed if the database
+holds its id, not committed if it holds the one before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Final
+
+import asyncpg
+
+from tidal.server.config import Durability, redact
+from tidal.server.core.batch import Batch
+from tidal.server.core.counts import CountsRead
+from tidal.server.errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
+from tidal.server.storage import plans
+from tidal.server.storage.interface import Snapshot
+from tidal.server.storage.sqlbulk import (
+    POSTGRES,
+)
+
+from .execute import BatchIds, CommitLost, run
+from .lock import AdvisoryLock
+from .schema import migrate
+from .session import (
+    CONNECT_TIMEOUT,
+    LOST,
+    SESSION,
+    STATEMENT_TIMEOUT,
+    close_quietly,
+    connect,
+    is_data_error,
+    open_session,
+    pin,
+    read_password,
+    why,
+)
+
+log = logging.getLogger("tidal.storage")
+
+
+SIZE_EVERY: Final = 10.0  # seconds between measures of the database's size
+#: a COMMIT whose answer was lost: how long to keep trying to find out what became of it
+OUTCOME_WAIT: Final = 60.0
+BACKOFF_FIRST: Final = 0.05
+BACKOFF_MAX: Final = 2.0
+_BATCH_ID: Final = "SELECT value FROM meta WHERE key = 'batch_id'"
+
+
+class PgStorage:
+    backend = "postgresql"
+
+    def __init__(
+        self, url: str, options: dict[str, Any], writer: asyncpg.Connection, schema: str
+    ) -> None:
+        self._url = url
+        self._options = options
+        self.location = redact(url)
+        self._lock = AdvisoryLock(schema, writer.get_server_pid())
+        self.commits = 0
+        self._writer: asyncpg.Connection | None = writer
+        self._reader: asyncpg.Connection | None = None
+        self._ids = BatchIds()
+        self._retry_at = {"writer": 0.0, "reader": 0.0}
+        self._backoff = {"writer": BACKOFF_FIRST, "reader": BACKOFF_FIRST}
+        self._down: str = ""
+        self._size = 0
+        self._sized_at = 0.0
+
+    @classmethod
+    async def open(
+        cls, url: str, durability: Durability = "full", password_file: str | None = None
+    ) -> PgStorage:
+        if durability not in ("full", "normal"):
+            raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
+        location = redact(url)
+        options: dict[str, Any] = {
+            "timeout": CONNECT_TIMEOUT,
+            "server_settings": {
+                "application_name": "tidal",
+                # full: COMMIT returns once the WAL is on disk (and on synchronous standbys)
+                "synchronous_commit": "on" if durability == "full" else "off",
+                **SESSION,
+            },
+        }
+        if password_file:
+            options["password"] = read_password(password_file)
+        writer, schema = await open_session(url, options, location)
+        storage = cls(url, options, writer, schema)
+        try:
+            if not await storage._lock.take(writer):
+                raise DatabaseInUse(
+                    f"--db {location}: another tidal ({await storage._lock.holder(writer)}) already"
+                    f" serves this database's schema {schema} (it holds tidal's advisory lock);"
+                    " stop it first, or give this one another database, or another schema"
+                    " (?search_path=NAME in the URL)"
+                )
+            await migrate(writer, location)
+        except (asyncpg.PostgresError, *LOST) as exc:  # a standby, no rights to create...
+            await close_quietly(writer)
+            raise DatabaseUnusable(f"{location}: cannot set up tidal's tables: {exc}") from None
+        except Exception:
+            await close_quietly(writer)
+            raise
+        return storage
+
+    async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
+        assert self._writer is not None
+        try:
+            # boot reads the whole state: no statement timeout (TCP still notices a dead network)
+            load = plans.load(POSTGRES, keys_since_ns, max_keys)
+            snapshot = await run(self._writer, self._ids, load, timeout=None)
+            self._ids.last_id = await self._writer.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
+        except (asyncpg.PostgresError, *LOST) as exc:  # at boot: one line, no traceback
+            raise DatabaseUnusable(f"{self.location}: cannot load: {why(exc)}") from None
+        await self._measure(self._writer)
+        return snapshot
+
+    async def commit(self, batch: Batch) -> None:
+        conn = await self._connection("writer")
+        try:
+            wrote = await run(conn, self._ids, plans.apply(POSTGRES, batch))
+        except CommitLost as exc:
+            batch_id = self._ids.next_id
+            raise CommitUnknown(
+                f"the connection to the database was lost during COMMIT ({exc})",
+                lambda: self._find_out(batch_id),
+            ) from exc
+        except Exception as exc:
+            raise self._failure("commit", exc, conn) from exc
+        if wrote:
+            self.commits += 1
+        if time.monotonic() - self._sized_at > SIZE_EVERY:
+            await self._measure(conn)
+
+    async def read_counts(self, reads: list[CountsRead]) -> None:
+        conn = await self._connection("reader")
+        try:
+            for read in reads:
+                await run(conn, self._ids, plans.read_counts(read))
+        except Exception as exc:
+            raise self._failure("read", exc, conn) from exc
+
+    def size(self) -> int:
+        return self._size
+
+    async def close(self) -> None:
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                await close_quietly(conn)  # the writer's session ends: the lock goes with it
+        self._reader = self._writer = None
+
+    # -- the connections, and getting them back -------------------------------
+
+    async def _connection(self, role: str) -> asyncpg.Connection:
+        """The writer's or the reader's connection, reconnected if it was lost (the writer
+        retaking the lock, and checking the database is as it left it). While the database
+        cannot be reached, tries are spaced out (doubling, up to ``BACKOFF_MAX``)."""
+        conn = self._writer if role == "writer" else self._reader
+        if conn is not None and not conn.is_closed():
+            return conn
+        if time.monotonic() < self._retry_at[role]:
+            raise StorageFailure(self._down, transient=True, state="unavailable")
+        try:
+            conn = await self._connect()
+        except Exception as exc:
+            self._down = f"database unreachable ({why(exc)})"
+            self._retry_at[role] = time.monotonic() + self._backoff[role]
+            self._backoff[role] = min(BACKOFF_MAX, self._backoff[role] * 2)
+            raise StorageFailure(self._down, transient=True, state="unavailable") from exc
+        self._backoff[role] = BACKOFF_FIRST
+        if role == "reader":
+            self._reader = conn
+            return conn
+        try:
+            await self._fence(conn)
+        except BaseException:
+            await close_quietly(conn)
+            raise
+        self._writer = conn
+        log.warning("reconnected to %s", self.location)
+        return conn
+
+    async def _fence(self, conn: asyncpg.Connection) -> None:
+        """Retake the lock; then the database must hold this server's last batch id, or
+        another server has written since (memory would no longer be what is on disk)."""
+        if not await self._lock.retake(conn):
+            raise StorageFailure(
+                f"another tidal ({await self._lock.holder(conn)}) took the database while this"
+                " server's connection was lost; this server stops writing: restart it once"
+                " the other is stopped",
+                transient=False,
+            )
+        last = await conn.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
+        if last != self._ids.last_id:
+            raise StorageFailure(
+                "the database changed while this server's connection was lost (another"
+                " server wrote to it, or it was restored); restart tidal to load it again",
+                transient=False,
+            )
+
+    async def _find_out(self, batch_id: int) -> None:
+        """Whether the COMMIT whose answer was lost happened: returns if it did, raises
+        ``StorageFailure`` if it did not, or if that cannot be found out in time."""
+        deadline = time.monotonic() + OUTCOME_WAIT
+        delay = BACKOFF_FIRST
+        while True:
+            try:
+                conn = await self._connect()
+                break
+            except Exception as exc:
+                if time.monotonic() + delay > deadline:
+                    raise StorageFailure(
+                        f"the connection was lost during COMMIT and the database could not be"
+                        f" reached for {OUTCOME_WAIT:.0f}s to find out whether it held"
+                        f" ({why(exc)}); restart tidal to load what is on disk",
+                        transient=False,
+                        outcome_unknown=True,
+                    ) from exc
+                await asyncio.sleep(delay)  # a schedule, not a synchronisation
+                delay = min(BACKOFF_MAX, delay * 2)
+        try:
+            if not await self._lock.retake(conn):
+                raise StorageFailure(
+                    f"another tidal ({await self._lock.holder(conn)}) took the database while a"
+                    " COMMIT's outcome was unknown; restart this one once the other is stopped",
+                    transient=False,
+                    outcome_unknown=True,
+                )
+            last = await conn.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
+        except BaseException:
+            await close_quietly(conn)
+            raise
+        self._writer = conn
+        if last == batch_id:
+            log.warning("the COMMIT held: reconnected to %s", self.location)
+            self._ids.last_id = batch_id
+            self.commits += 1
+            return
+        if last == self._ids.last_id:
+            raise StorageFailure(
+                "the connection to the database was lost before COMMIT held", transient=True,
+                state="unavailable",
+            )  # fmt: skip
+        await close_quietly(conn)
+        self._writer = None
+        raise StorageFailure(
+            "the database changed while a COMMIT's outcome was unknown (another server wrote"
+            " to it, or it was restored); restart tidal to load it again",
+            transient=False,
+            outcome_unknown=True,
+        )
+
+    async def _connect(self) -> asyncpg.Connection:
+        conn = await connect(self._url, self._options)
+        try:
+            await pin(conn)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
+
+    def _failure(self, what: str, exc: Exception, conn: asyncpg.Connection) -> StorageFailure:
+        if isinstance(exc, StorageFailure):
+            return exc
+        if is_data_error(exc):
+            return StorageFailure(f"{what} refused: {exc}", transient=True, data=True)
+        if isinstance(exc, LOST) or conn.is_closed():
+            if isinstance(exc, asyncpg.exceptions.DiskFullError):
+                return StorageFailure(f"{what} failed: {exc}", transient=True)
+            self._down = f"database unreachable ({why(exc)})"
+            message = f"{what} failed: {why(exc)}"
+            return StorageFailure(message, transient=True, state="unavailable")
+        return StorageFailure(f"{what} failed: {exc}", transient=False)
+
+    async def _measure(self, conn: asyncpg.Connection) -> None:
+        self._sized_at = time.monotonic()
+        try:
+            self._size = await conn.fetchval(
+                "SELECT pg_database_size(current_database())", timeout=STATEMENT_TIMEOUT
+            )
+        except Exception as exc:  # a figure for stats: never a reason to fail a commit
+            log.debug("could not measure the database: %s", exc)

@@ -1,0 +1,98 @@
+"""The PostgreSQL schema and its migrations: the same tables as SQLite's, typed.
+
+Text that is ordered or paged (entities, kinds, names, keys) compares byte by
+byte (``COLLATE "C"``), as SQLite and the engine compare it, whatever the
+database's locale. ``tidal_schema`` says which version is there, as SQLite's
+``PRAGMA user_version`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import asyncpg
+
+from tidal.server.errors import DatabaseUnusable
+
+log = logging.getLogger("tidal.storage")
+
+#: Each entry takes the schema from version i to i + 1. Version 1 is SQLite's version 4.
+MIGRATIONS: Final[list[list[str]]] = [
+    [
+        """CREATE TABLE ledger (
+            seq BIGINT PRIMARY KEY,
+            user_id BIGINT NOT NULL,
+            entity TEXT COLLATE "C" NOT NULL,
+            kind TEXT COLLATE "C" NOT NULL,
+            weight DOUBLE PRECISION NOT NULL,
+            ts_ns BIGINT NOT NULL,
+            forwarded SMALLINT NOT NULL,
+            context BYTEA  -- msgpack [communities, attrs, cohort ids]: what it named and reached
+        )""",
+        # A view of the ledger up to meta.aggregates_seq (see aggregates.py).
+        # layer 0 ledger, 1 cohort (cohort = its id), 2 community (name = its name)
+        """CREATE TABLE aggregates (
+            entity TEXT COLLATE "C" NOT NULL,
+            layer SMALLINT NOT NULL,
+            cohort BIGINT NOT NULL,
+            name TEXT COLLATE "C" NOT NULL,
+            kind TEXT COLLATE "C" NOT NULL,
+            count BIGINT NOT NULL,
+            weight DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (entity, layer, cohort, name, kind)
+        )""",
+        """CREATE TABLE memberships (
+            user_id BIGINT PRIMARY KEY,
+            "left" SMALLINT NOT NULL,
+            left_at_ns BIGINT NOT NULL
+        )""",
+        """CREATE TABLE cohorts (
+            id BIGINT PRIMARY KEY,
+            name TEXT COLLATE "C" NOT NULL UNIQUE,
+            predicate BYTEA NOT NULL
+        )""",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+        """CREATE TABLE signal_keys (
+            key TEXT COLLATE "C" PRIMARY KEY,
+            seq BIGINT NOT NULL,
+            forwarded SMALLINT NOT NULL,
+            ts_ns BIGINT NOT NULL
+        )""",
+        "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
+        "CREATE INDEX signal_keys_by_seq ON signal_keys (seq)",
+        "CREATE TABLE ledger_users (first_seq BIGINT PRIMARY KEY, users BYTEA NOT NULL)",
+        """CREATE TABLE history (
+            user_id BIGINT NOT NULL,
+            at_ns BIGINT NOT NULL,
+            event SMALLINT NOT NULL,  -- 1 leave, 2 rejoin, 3 purge, 4 erase
+            signals BIGINT  -- purged or erased; NULL for leave and rejoin
+        )""",
+        "CREATE INDEX history_by_user ON history (user_id, at_ns)",
+        "CREATE INDEX history_by_time ON history (at_ns)",
+    ],
+]
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+async def migrate(db: asyncpg.Connection, location: str) -> None:
+    """Under the advisory lock: no other tidal migrates at the same time."""
+    await db.execute("CREATE TABLE IF NOT EXISTS tidal_schema (version INT NOT NULL)")
+    version = await db.fetchval("SELECT MAX(version) FROM tidal_schema") or 0
+    if version > SCHEMA_VERSION:
+        raise DatabaseUnusable(
+            f"{location} has tidal schema version {version}, newer than this tidal understands"
+            f" ({SCHEMA_VERSION}): it was written by a newer tidal; run that version, or restore"
+            " a dump taken before the upgrade"
+        )
+    if version == 0 and await db.fetchval("SELECT to_regclass('ledger') IS NOT NULL"):
+        raise DatabaseUnusable(
+            f"{location} has a table named ledger that tidal did not make; give tidal a"
+            " database (or a schema, through search_path) of its own"
+        )
+    for target in range(version, SCHEMA_VERSION):
+        async with db.transaction():
+            for statement in MIGRATIONS[target]:
+                await db.execute(statement)
+            await db.execute("INSERT INTO tidal_schema (version) VALUES ($1)", target + 1)
+        log.info("database schema migrated to version %d", target + 1)

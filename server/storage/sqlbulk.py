@@ -1,0 +1,214 @@
+"""SQL shared by both backends, and the statements a plan asks its backend to run.
+
+A plan (``plans``, ``storage_past``) is a generator: it yields statements and is
+sent their results, as h11 takes bytes and gives events. It does no I/O, so the
+order of a commit's statements is written once, and SQLite runs it all in one
+call on its thread while PostgreSQL awaits each statement on its connection.
+SQL is written with ``?`` placeholders; the PostgreSQL runner numbers them.
+Both databases hold user ids (unsigned 64-bit on the wire) as signed 64-bit, in
+two's complement.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
+
+from tidal.server.core.counts import Deltas
+from tidal.server.core.ledger import COHORT, Slot
+
+log = logging.getLogger("tidal.storage")
+
+U64: Final = 2**64
+I64_MAX: Final = 2**63 - 1
+
+T = TypeVar("T")
+
+
+class Bulk(NamedTuple):
+    """A write of many rows: ``head`` + the rows + ``tail``. SQLite gives the rows as
+    ``VALUES`` lists, PostgreSQL as one array per column, typed by ``types``."""
+
+    head: str
+    types: tuple[str, ...]
+    tail: str = ""
+
+
+# -- what a plan yields; each is answered with its result -------------------
+
+
+class Exec(NamedTuple):
+    """A statement; answered with None."""
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+class Rows(NamedTuple):
+    """A query; answered with its rows, as tuples."""
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+class Changed(NamedTuple):
+    """A statement; answered with the number of rows it changed."""
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+class Many(NamedTuple):
+    """One statement per row of arguments; answered with None."""
+
+    sql: str
+    rows: Sequence[tuple[Any, ...]]
+
+
+class Put(NamedTuple):
+    """Many rows in as few statements as the backend can; answered with None."""
+
+    bulk: Bulk
+    rows: Sequence[tuple[Any, ...]]
+
+
+class Try(NamedTuple):
+    """``Put``, in a savepoint: answered with None if the rows were written, or with the
+    database's reason if it refused them for their data (a value it cannot store: see
+    ``put_guarded``), the savepoint then rolled back and the transaction going on. Any other
+    failure fails the transaction, as a ``Put``'s does."""
+
+    bulk: Bulk
+    rows: Sequence[tuple[Any, ...]]
+
+
+class Begin(NamedTuple):
+    """A write transaction: SQLite takes its write lock at once (``BEGIN IMMEDIATE``)."""
+
+
+class Commit(NamedTuple):
+    """The end of the transaction. ``batch_id``: written in it, so that a commit whose
+    answer was lost can be found out (PostgreSQL; SQLite answers in process)."""
+
+    batch_id: int | None = None
+
+
+class Fill(NamedTuple):
+    """A query of (key, value) rows, put straight into ``into`` (the boot's large maps,
+    with no list of rows between); answered with None."""
+
+    sql: str
+    args: tuple[Any, ...]
+    into: dict[Any, Any]
+
+
+Op: TypeAlias = Exec | Rows | Changed | Many | Put | Try | Fill | Begin | Commit
+Plan: TypeAlias = Generator[Op, Any, T]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """What the two backends spell differently in a plan: a list of seqs given as one
+    argument (SQLite: a JSON array read by ``json_each``; PostgreSQL: an array)."""
+
+    in_seqs: str  # "seq IN ..." with one placeholder
+    json_seqs: bool
+
+    def seqs(self, seqs: list[int]) -> Any:
+        return "[" + ",".join(map(str, seqs)) + "]" if self.json_seqs else seqs
+
+
+SQLITE: Final = Dialect("seq IN (SELECT value FROM json_each(?))", json_seqs=True)
+POSTGRES: Final = Dialect("seq = ANY(?::bigint[])", json_seqs=False)
+
+# -- statements both run as written ----------------------------------------
+
+#: ``aggregates`` keys an aggregate by (layer, cohort, name): a cohort by its id, a
+#: community by its name, the ledger layer by neither. Two typed columns keep one order,
+#: the engine's, in both databases: ids as numbers, names byte by byte.
+AGGREGATES: Final = Bulk(
+    "INSERT INTO aggregates (entity, layer, cohort, name, kind, count, weight)",
+    ("text", "smallint", "bigint", "text", "text", "bigint", "float8"),
+    " ON CONFLICT (entity, layer, cohort, name, kind) DO UPDATE SET"
+    " count = aggregates.count + excluded.count, weight = aggregates.weight + excluded.weight",
+)
+SET_META: Final = (
+    "INSERT INTO meta (key, value) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+ADD_META: Final = (
+    "INSERT INTO meta (key, value) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = meta.value + excluded.value"
+)
+WATERMARK: Final = "SELECT value FROM meta WHERE key = 'aggregates_seq'"
+
+
+def put_guarded(
+    bulk: Bulk, rows: Sequence[tuple[Any, ...]]
+) -> Plan[list[tuple[tuple[Any, ...], str]]]:
+    """Rows in, but for those the database refuses for their data, found by halves and
+    left out: each with the reason. One statement when every row is storable."""
+    if not rows:
+        return []
+    reason = yield Try(bulk, rows)
+    if reason is None:
+        return []
+    if len(rows) == 1:
+        return [(rows[0], reason)]
+    half = len(rows) // 2
+    refused = yield from put_guarded(bulk, rows[:half])
+    return refused + (yield from put_guarded(bulk, rows[half:]))
+
+
+def put_aggregates(rows: Sequence[tuple[Any, ...]]) -> Plan[None]:
+    """Aggregates rows, as ``AGGREGATES`` takes them. One the database cannot store (a name
+    written before tidal refused NUL, on PostgreSQL) is left out and logged, rather than
+    fail every checkpoint after it: the ledger keeps the rows it came from."""
+    for row, reason in (yield from put_guarded(AGGREGATES, rows)):
+        entity, layer, cohort, name, kind, count, _ = row
+        log.error(
+            "an aggregate the database cannot store is left out (%s): entity %r, layer %d,"
+            " cohort %d, name %r, kind %r, %+d signals",
+            reason, entity, layer, cohort, name, kind, count,
+        )  # fmt: skip
+
+
+def to_db(user_id: int) -> int:
+    return user_id - U64 if user_id > I64_MAX else user_id
+
+
+def from_db(value: int) -> int:
+    return value + U64 if value < 0 else value
+
+
+def rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:
+    """Aggregates rows, as ``AGGREGATES`` takes them."""
+    return [
+        (entity, layer, *_columns(layer, key), kind, count, weight)
+        for entity, slots in deltas.items()
+        for (layer, key, kind), (count, weight) in slots.items()
+        if count
+    ]
+
+
+def _columns(layer: int, key: int | str) -> tuple[int, str]:
+    return (key, "") if layer == COHORT else (0, key)  # type: ignore[return-value]
+
+
+def after_args(after: Slot) -> tuple[Any, ...]:
+    """A page cursor as the aggregates columns compare."""
+    layer, key, kind = after
+    return (layer, *_columns(layer, key), kind)
+
+
+def slot_row(row: Sequence[Any]) -> tuple[int, int | str, str, int, float]:
+    """(layer, cohort, name, kind, count, weight) read back as the engine keys it."""
+    layer, cohort, name, kind, count, weight = row
+    return (layer, cohort if layer == COHORT else name, kind, count, weight)
+
+
+def table_watermark() -> Plan[int]:
+    rows = yield Rows(WATERMARK)
+    return int(rows[0][0]) if rows else 0

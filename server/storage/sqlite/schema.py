@@ -1,0 +1,165 @@
+"""Opening a database: the schema and its migrations, the checks at boot, and why it
+cannot be opened, told the operator's way (damage apart from everything else)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import stat
+from typing import Final
+
+import aiosqlite
+
+from tidal.server.errors import CorruptDatabase, DatabaseUnusable
+
+log = logging.getLogger("tidal.storage")
+
+#: Each entry takes the schema from version i to i + 1; ``PRAGMA user_version`` says where we are.
+MIGRATIONS: Final[list[list[str]]] = [
+    [
+        """CREATE TABLE ledger (
+            seq INTEGER PRIMARY KEY,
+            user_id INTEGER NOT NULL,
+            entity TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            weight REAL NOT NULL,
+            ts_ns INTEGER NOT NULL,
+            forwarded INTEGER NOT NULL,
+            context BLOB  -- msgpack [communities, attrs, cohort ids]: what it named and reached
+        )""",
+        # A view of the ledger up to meta.aggregates_seq (see aggregates.py).
+        # layer 0 ledger (key ''), 1 cohort (key = cohort id), 2 community (key = name)
+        """CREATE TABLE aggregates (
+            entity TEXT NOT NULL,
+            layer INTEGER NOT NULL,
+            key NOT NULL,  -- no type: no affinity, so a community named "007" stays text
+            kind TEXT NOT NULL,
+            count INTEGER NOT NULL,
+            weight REAL NOT NULL,
+            PRIMARY KEY (entity, layer, key, kind)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE memberships (
+            user_id INTEGER PRIMARY KEY,
+            left INTEGER NOT NULL,
+            left_at_ns INTEGER NOT NULL
+        )""",
+        """CREATE TABLE cohorts (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            predicate BLOB NOT NULL
+        )""",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID",
+    ],
+    [
+        # idempotency keys of signals (context "id"), kept for the retention window
+        """CREATE TABLE signal_keys (
+            key TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            forwarded INTEGER NOT NULL,
+            ts_ns INTEGER NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX signal_keys_by_time ON signal_keys (ts_ns)",
+    ],
+    [
+        # the user of each ledger row, packed by blocks of seqs (see userrows.py); blocks
+        # for the rows already there are written at boot
+        """CREATE TABLE ledger_users (
+            first_seq INTEGER PRIMARY KEY,
+            users BLOB NOT NULL
+        )""",
+        "CREATE INDEX signal_keys_by_seq ON signal_keys (seq)",  # an erased row's key
+        # leave, rejoin, purge and erase of each user; at_ns increases across all events
+        """CREATE TABLE history (
+            user_id INTEGER NOT NULL,
+            at_ns INTEGER NOT NULL,
+            event INTEGER NOT NULL,  -- 1 leave, 2 rejoin, 3 purge, 4 erase
+            signals INTEGER  -- purged or erased; NULL for leave and rejoin
+        )""",
+        "CREATE INDEX history_by_user ON history (user_id, at_ns)",
+        # the past before history was kept: each user's last leave
+        """INSERT INTO history (user_id, at_ns, event)
+            SELECT user_id, left_at_ns, 1 FROM memberships ORDER BY left_at_ns""",
+    ],
+    [
+        # the aggregate's key in two typed columns, as PostgreSQL keeps it: one order in
+        # both (cohort ids as numbers, names byte by byte), and the same SQL for both
+        """CREATE TABLE aggregates_by_column (
+            entity TEXT NOT NULL,
+            layer INTEGER NOT NULL,
+            cohort INTEGER NOT NULL,  -- the cohort's id in layer 1, else 0
+            name TEXT NOT NULL,  -- the community's name in layer 2, else ''
+            kind TEXT NOT NULL,
+            count INTEGER NOT NULL,
+            weight REAL NOT NULL,
+            PRIMARY KEY (entity, layer, cohort, name, kind)
+        ) WITHOUT ROWID""",
+        """INSERT INTO aggregates_by_column
+            SELECT entity, layer, CASE layer WHEN 1 THEN key ELSE 0 END,
+                CASE layer WHEN 1 THEN '' ELSE key END, kind, count, weight
+            FROM aggregates""",
+        "DROP TABLE aggregates",
+        "ALTER TABLE aggregates_by_column RENAME TO aggregates",
+        "CREATE INDEX history_by_time ON history (at_ns)",  # the latest event, at boot
+    ],
+]
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+_RECOVER = (
+    "tidal will not serve a damaged database. Restore the file (and its -wal) from a backup,"
+    " or keep what can be read with: sqlite3 DB '.recover' | sqlite3 NEW.db"
+)
+
+
+async def check(db: aiosqlite.Connection, location: str) -> None:
+    """``PRAGMA quick_check`` before anything is read: a damaged file stops the boot."""
+    problems = [row[0] for row in await db.execute_fetchall("PRAGMA quick_check(5)")]
+    if problems != ["ok"]:
+        raise CorruptDatabase(f"{location} failed its integrity check: {problems}; {_RECOVER}")
+
+
+def check_writable(location: str) -> None:
+    """A read-only file is healthy, not damaged: say so before SQLite calls it a failure."""
+    if os.path.exists(location) and not os.access(location, os.W_OK):
+        mode = stat.filemode(os.stat(location).st_mode)
+        raise DatabaseUnusable(
+            f"{location} is read-only ({mode}) for uid {os.getuid()}; tidal needs to write it"
+            " (check its mode, owner and mount)"
+        )
+
+
+def explain(location: str, exc: sqlite3.Error) -> Exception:
+    """The operator's view of a failure to open: damage is told apart from everything else."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        return CorruptDatabase(f"{location}: {exc}; {_RECOVER}")
+    if code == sqlite3.SQLITE_READONLY:
+        return DatabaseUnusable(
+            f"{location} is read-only ({exc}); tidal needs to write it and the files beside it"
+            " (check the mode, owner and mount of the file and its directory)"
+        )
+    if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        return DatabaseUnusable(f"{location} is locked by another program ({exc}); stop it first")
+    return DatabaseUnusable(f"{location} cannot be opened: {exc}")
+
+
+async def migrate(db: aiosqlite.Connection, location: str) -> None:
+    ((version,),) = await db.execute_fetchall("PRAGMA user_version")
+    if version > SCHEMA_VERSION:
+        raise DatabaseUnusable(
+            f"{location} has schema version {version}, newer than this tidal understands"
+            f" ({SCHEMA_VERSION}): it was written by a newer tidal; run that version, or restore"
+            " a backup taken before the upgrade"
+        )
+    for target in range(version, SCHEMA_VERSION):
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[target]:
+                await db.execute(statement)
+            await db.execute(f"PRAGMA user_version = {target + 1}")
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        log.info("database schema migrated to version %d", target + 1)
