@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -113,6 +114,29 @@ def test_a_database_in_a_missing_directory(tmp_path: Path) -> None:
     done = serve(tmp_path / "no" / "such" / "t.db")
     refused(done, "--db", f"{tmp_path / 'no' / 'such'} does not exist")
     assert not (tmp_path / "no").exists()
+
+
+def test_a_database_in_a_directory_that_cannot_be_entered(tmp_path: Path) -> None:
+    """Mode 700 and another owner: the server's user may not even look inside."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    command = [sys.executable, "-m", "tidal.cli", "serve", "--port", "0"]
+    command += ["--db", str(closed / "t.db")]
+    if os.geteuid() == 0:
+        # root enters any directory; without the two capabilities that let it, it is the
+        # user the issue names: uid 0, owner of nothing here
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.fail("this test drops root's file capabilities with setpriv (util-linux)")
+        os.chown(closed, 65534, 65534)  # nobody's
+        command = [setpriv, "--bounding-set", "-dac_override,-dac_read_search", "--", *command]
+    else:
+        closed.chmod(0o000)  # our own, closed to us
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        closed.chmod(0o700)
+    refused(done, f"--db {closed / 't.db'}", f"uid {os.getuid()}", f"cannot enter {closed}")
 
 
 @pytest.fixture

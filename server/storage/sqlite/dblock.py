@@ -34,7 +34,11 @@ class DatabaseLock:
         A database that does not exist yet is created empty (SQLite takes an empty file
         for a new database), so that its lock exists before anything is written."""
         database = Path(os.path.realpath(db))
-        if database.is_dir():
+        try:
+            is_dir = database.is_dir()  # a stat: refused in a directory that cannot be entered
+        except OSError as exc:
+            raise DatabaseUnusable(unusable(db, database, exc)) from None
+        if is_dir:
             raise DatabaseUnusable(f"--db {db}: is a directory; name a file in it")
         try:
             fd = os.open(database, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -87,6 +91,12 @@ def unusable(given: str | Path, database: Path, exc: OSError) -> str:
     if exc.errno == errno.ENOENT and not folder.is_dir():
         return f"--db {given}: the directory {folder} does not exist; create it first"
     if exc.errno in (errno.EACCES, errno.EPERM):
+        closed = _unenterable(folder)
+        if closed is not None:
+            return (
+                f"--db {given}: uid {os.getuid()} cannot enter {closed} (no search"
+                f" permission on the directory for this user); tidal needs to reach {folder}"
+            )
         return (
             f"--db {given}: permission denied in {folder} for uid {os.getuid()};"
             " tidal needs to create and write files there"
@@ -94,3 +104,11 @@ def unusable(given: str | Path, database: Path, exc: OSError) -> str:
     if exc.errno == errno.EROFS:
         return f"--db {given}: {folder} is on a read-only file system; tidal needs to write there"
     return f"--db {given}: {exc.strerror or exc}"
+
+
+def _unenterable(folder: Path) -> Path | None:
+    """The first directory on the way to ``folder`` that this process may not enter."""
+    for step in (*reversed(folder.parents), folder):
+        if not os.access(step, os.X_OK):
+            return step
+    return None
