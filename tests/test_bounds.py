@@ -90,6 +90,27 @@ async def test_a_stalled_partial_message_is_closed_after_the_message_timeout(
         await proc.stop()
 
 
+async def test_a_header_that_cannot_fit_is_answered_and_closed_at_once(db_path: Path) -> None:
+    """Before: an array header of 2**32-1 elements was held for --message-timeout (30 s),
+    as a message that might still come whole."""
+    proc = await ServerProcess(db_path).start()  # --message-timeout: its default, 30 s
+    try:
+        for header in (b"\xdd\xff\xff\xff\xff", b"\xdb" + (9 << 20).to_bytes(4, "big")):
+            peer = await RawPeer.open(("127.0.0.1", proc.port))
+            peer.send_raw(b"\x94\x00\x07\xa6signal\x93\x01\xa1e" + header)
+            began = time.monotonic()
+            reply = await peer.receive(timeout=10)
+            assert reply[:2] == [1, 7], reply
+            assert reply[2][0] == 3, reply  # too large
+            assert "the limit is 8388608 bytes" in reply[2][1], reply
+            assert await peer.closed(timeout=10)
+            assert time.monotonic() - began < 5
+        async with await proc.connect() as honest:  # and nobody else noticed
+            assert await honest.ping() == "pong"
+    finally:
+        await proc.stop()
+
+
 async def test_near_miss_cohorts_do_not_freeze_the_loop(db_path: Path) -> None:
     """Before: with 1,000 cohorts of 64 attributes that nearly match, each signal took
     6.5 ms and one batch froze every client; now matching is bit-parallel, and a request

@@ -115,12 +115,60 @@ def test_a_message_over_the_limit_names_its_msgid() -> None:
     assert info.value.msgid == 77
 
 
-def test_a_string_claiming_a_gigabyte_is_refused_once_it_passes_the_limit() -> None:
+@pytest.mark.parametrize(
+    ("header", "announced"),
+    [
+        (b"\xdd\xff\xff\xff\xff", "4,294,967,295 elements"),  # array 32
+        (b"\xdf\xff\xff\xff\xff", "4,294,967,295 pairs"),  # map 32
+        (b"\xdb\x40\x00\x00\x00", "1,073,741,824 bytes"),  # str 32: a gigabyte
+        (b"\xc6\x00\x00\x10\x01", "4,097 bytes"),  # bin 32: one byte more than the limit
+        (b"\xde\x08\x01", "2,049 pairs"),  # map 16: 4,098 elements
+    ],
+)
+def test_a_header_that_proves_a_message_cannot_fit_is_refused_at_once(
+    header: bytes, announced: str
+) -> None:
+    """Before: held until --message-timeout, as a message that might still come whole."""
     conn = Connection(max_message_size=4096)
-    assert events(conn, b"\x94\x00\x05\xa4ping\x91\xdb\x40\x00\x00\x00") == []
     with pytest.raises(RemoteProtocolError) as info:
-        for _ in range(10):
-            events(conn, b"a" * 1000)
+        events(conn, b"\x94\x00\x05\xa6signal\x93\x01\xa1e" + header)
+    assert info.value.code == ErrorCode.TOO_LARGE
+    assert info.value.msgid == 5
+    assert announced in str(info.value)
+
+
+def test_a_header_cut_in_two_is_read_once_it_is_whole() -> None:
+    conn = Connection(max_message_size=4096)
+    assert events(conn, b"\x94\x00\x05\xa4ping\x91\xdd\xff") == []
+    with pytest.raises(RemoteProtocolError) as info:
+        events(conn, b"\xff\xff\xff")
+    assert info.value.code == ErrorCode.TOO_LARGE
+
+
+def test_an_honest_large_message_in_small_pieces_is_never_refused_early() -> None:
+    """Its headers announce what fits: every piece but the last leaves it partial."""
+    conn = Connection(max_message_size=80_000)
+    attrs = {"a": "x" * 60_000, "b": b"y" * 4_000, "c": list(range(3_000))}
+    whole = msgpack.packb([0, 3, "signal", [1, "e", "k", 1.0, {"attrs": attrs}]])
+    got: list[object] = []
+    for i in range(0, len(whole), 7):
+        got += events(conn, whole[i : i + 7])
+        assert got == [] or i + 7 >= len(whole)
+    assert len(got) == 1
+    request = got[0]
+    assert isinstance(request, Request)
+    assert request.params[4]["attrs"]["a"] == "x" * 60_000
+
+
+def test_headers_within_the_limit_are_no_proof_the_size_limit_refuses_later() -> None:
+    """Two strings of 3,000 bytes each fit alone, not together: the bytes tell, once they
+    pass the limit."""
+    conn = Connection(max_message_size=4096)
+    str_3000 = b"\xda\x0b\xb8"
+    assert events(conn, b"\x94\x00\x05\xa4ping\x92" + str_3000 + b"a" * 3000) == []
+    assert events(conn, str_3000 + b"a" * 1000) == []  # 4,016 bytes: within the limit
+    with pytest.raises(RemoteProtocolError) as info:
+        events(conn, b"a" * 1000)
     assert info.value.code == ErrorCode.TOO_LARGE
     assert info.value.msgid == 5
 
@@ -138,11 +186,10 @@ def test_array_headers_cost_no_memory_until_their_elements_arrive() -> None:
     finally:
         tracemalloc.stop()
     assert held < 64 * 1024, f"1,000 bytes of headers hold {held} bytes"
-    # and a header announcing more than could ever fit is refused once the limit is passed
+    # and a header announcing more than could ever fit is refused as soon as it is read
     small = Connection(max_message_size=1024)
-    assert events(small, b"\xdd\xff\xff\xff\xff") == []
     with pytest.raises(RemoteProtocolError) as info:
-        events(small, b"\x00" * 2048)
+        events(small, b"\xdd\xff\xff\xff\xff")
     assert info.value.code == ErrorCode.TOO_LARGE
 
 
