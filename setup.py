@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent
 #: Kept interpreted: storage and the modules tests reach into (their constants are
 #: patched, which compiled code would not see), app, and everything off the hot path.
 COMPILED = {
-    "protocol": ["framing", "connection", "messages"],
+    "protocol": ["framing", "connection", "headers", "messages"],
     "server/net": ["connection", "flow", "replies"],
     "server/core": [
         "aggregates", "batch", "cohorts", "counts", "keys", "ledger", "matching", "members",
