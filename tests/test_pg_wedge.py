@@ -57,10 +57,13 @@ async def test_timeouts_set_on_the_database_do_not_reach_tidal_s_sessions(
     """statement_timeout of 1 ms on the database: a checkpoint of 20,000 aggregates still
     commits, and a restart replays nothing."""
     name = database.target.rsplit("/", 1)[1]
-    await execute(database, f"ALTER DATABASE {name} SET statement_timeout = '1ms'")
-    await execute(database, f"ALTER DATABASE {name} SET lock_timeout = '1ms'")
+    # in one session: each applies to sessions opened after it, this test's own included
+    # (a second connection's setup was cancelled by the 1 ms timeout, or hung)
     await execute(
-        database, f"ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '1ms'"
+        database,
+        f"ALTER DATABASE {name} SET statement_timeout = '1ms';"
+        f" ALTER DATABASE {name} SET lock_timeout = '1ms';"
+        f" ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '1ms'",
     )
     process = await ServerProcess(database.target, "--checkpoint-seconds", "0.2").start()
     async with await process.connect() as c:
