@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
@@ -41,9 +40,6 @@ RECONNECT_ATTEMPTS = 7
 RECONNECT_FIRST_DELAY = 0.05
 #: How many times a call that is safe to repeat (a keyed signal) is sent in all.
 RETRIES = 4
-
-
-log = logging.getLogger("tidal.client")
 
 
 class _Default(enum.Enum):

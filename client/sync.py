@@ -7,7 +7,6 @@ threads, at the price of no pipelining: use the asyncio client for that).
 
 from __future__ import annotations
 
-import logging
 import ssl as ssl_module
 import threading
 import time
@@ -36,8 +35,6 @@ from .types import (
     Withdrawn,
 )
 
-log = logging.getLogger("tidal.client")
-
 
 class SyncClient:
     """``with SyncClient("127.0.0.1", 7411) as tidal: tidal.leave(42)``"""
@@ -53,10 +50,7 @@ class SyncClient:
         auto_keys: bool = False,
         reconnect: int = RECONNECT_ATTEMPTS,
     ) -> None:
-        self._host, self._port = host, port
         self._timeout = timeout
-        self._token = token
-        self._ssl = ssl
         self._auto_keys = auto_keys
         self._reconnect_attempts = reconnect
         self._lock = threading.Lock()
