@@ -32,10 +32,10 @@ COMPILED = {
     "protocol": ["framing", "connection", "headers", "messages"],
     "server/net": ["connection", "flow", "replies"],
     "server/core": [
-        "aggregates", "batch", "cohorts", "counts", "keys", "ledger", "matching", "members",
-        "params", "past", "replies", "signals",
+        "aggregates", "batch", "board", "cohorts", "counts", "keys", "ledger", "matching",
+        "members", "params", "past", "ranking", "replies", "signals", "windows",
     ],
-    "server/engine": ["changes", "committer", "delivery", "engine", "health", "reads"],
+    "server/engine": ["changes", "committer", "delivery", "engine", "health", "ranked", "reads"],
 }  # fmt: skip
 PACKAGES = ("server", "protocol", "client", "cli", "testing")
 

@@ -148,7 +148,12 @@ class Server:
         began = time.perf_counter()
         self._storage = await open_storage(config.db, config.durability, config.db_password_file)
         window_ns = int(config.idempotency_window * 1e9)
-        snapshot = await self._storage.load(self._clock() - window_ns, config.idempotency_max_keys)
+        snapshot = await self._storage.load(
+            self._clock() - window_ns,
+            config.idempotency_max_keys,
+            config.half_lives(),
+            self._clock(),
+        )
         engine = Engine(
             self._storage,
             snapshot,
@@ -166,13 +171,14 @@ class Server:
         _settle_gc()
         log.info(
             "loaded %s in %.3fs: %d leave records, %d cohorts, next seq %d,"
-            " %d ledger rows replayed past the aggregates checkpoint",
+            " %d ledger rows replayed past the aggregates checkpoint, %d aggregates ranked",
             self._storage.location,
             time.perf_counter() - began,
             len(snapshot.left) + len(snapshot.rejoined),
             len(snapshot.cohorts),
             snapshot.next_seq,
             len(snapshot.ledger_tail),
+            engine.board.tallies,
         )
         return engine
 

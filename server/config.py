@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_PREDICATE_BYTES, MIN_MESSAGE_SIZE
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
+from tidal.server.core.windows import parse_half_life
 
 from .errors import BadSettings
 
@@ -23,6 +24,7 @@ Durability = Literal["full", "normal"]
 LEVELS = ("debug", "info", "warning", "error")
 
 
+MAX_HALF_LIVES: Final = 8
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -114,6 +116,11 @@ class Config:
         " every row",
         kind="duration",
     )
+    trend_half_lives: str = _setting(
+        "6h",
+        "the half-lives top may rank trends by, comma-separated (30m, 6h, 1d); each"
+        " costs a float per aggregate",
+    )
     metrics_port: int | None = _setting(
         None, "serve Prometheus metrics at http://HOST:PORT/metrics", kind="port"
     )
@@ -147,6 +154,10 @@ class Config:
             (self.checkpoint_seconds > 0, "checkpoint_seconds: more than 0"),
             (self.ledger_retention >= 0, "ledger_retention: 0 (keep every row) or more"),
         ]
+        try:
+            self.half_lives()
+        except ValueError as exc:
+            rules.append((False, f"trend_half_lives: {exc}"))
         for f in fields(self):
             choices = f.metadata["choices"]
             if choices and getattr(self, f.name) not in choices:
@@ -154,6 +165,13 @@ class Config:
         broken = [rule for ok, rule in rules if not ok]
         if broken:
             raise BadSettings("invalid settings: " + "; ".join(broken))
+
+    def half_lives(self) -> list[int]:
+        """``trend_half_lives`` in seconds, each once, in the order given."""
+        listed = [part.strip() for part in self.trend_half_lives.split(",")]
+        if not 1 <= len(listed) <= MAX_HALF_LIVES:
+            raise ValueError(f"1 to {MAX_HALF_LIVES} half-lives, comma-separated")
+        return list(dict.fromkeys(parse_half_life(part) for part in listed))
 
     def __repr__(self) -> str:  # the token must never reach a log
         shown = ", ".join(

@@ -184,7 +184,7 @@ class ServerProcess:
         return await Client.connect("127.0.0.1", self.port, timeout=10)
 
     async def connect_with(self, **options: Any) -> Client:
-        return await Client.connect("127.0.0.1", self.port, timeout=10, **options)
+        return await Client.connect("127.0.0.1", self.port, **{"timeout": 10, **options})
 
     async def stop(self, signum: int = signal.SIGTERM) -> int:
         assert self.proc is not None

@@ -11,15 +11,19 @@ import os
 import random
 import sqlite3
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 
 from tidal.client import Client, ConnectionLost, Signal
 
 from .conftest import Database, ServerProcess
 from .test_aggregates import LEDGER_ROWS, as_wire, recompute
+from .test_properties import DAY_NS, HOUR_NS, MIN_NS, in_window
 
 CYCLES = int(os.environ.get("TIDAL_CRASH_CYCLES", "20"))
 USERS = 30
@@ -55,6 +59,8 @@ async def client_load(
                 membership = await (c.leave(user) if op == "leave" else c.rejoin(user))
                 book.membership[user] = membership.status
                 book.in_doubt.discard(user)
+            elif roll < 0.17:  # the past out of every ranking (checked against the ledger)
+                await c.purge(rng.randrange(USERS))
             elif roll < 0.3:
                 items = [
                     Signal(rng.randrange(USERS), rng.choice(ENTITIES), "view", 1.0, ["c"])
@@ -65,7 +71,9 @@ async def client_load(
                     book.acked[ack.seq] = (item.user_id, item.entity)
             else:
                 entity = rng.choice(ENTITIES)
-                ack = await c.signal(user, entity, "view", communities=["c"])
+                age = rng.choice(AGES)  # late signals, days old, counted where they fall
+                at = None if age is None else time.time_ns() - age
+                ack = await c.signal(user, entity, "view", communities=["c"], at_ns=at)
                 book.acked[ack.seq] = (user, entity)
             book.counts += 1
             if book.counts >= book.target:
@@ -114,6 +122,12 @@ async def check(process: ServerProcess, book: Ledger, db: Database) -> list[str]
             want = expected.get(entity, {"ledger": {}, "cohorts": {}, "communities": {}})
             if as_wire(await c.counts(entity)) != want:
                 wrong.append(f"aggregates of {entity} differ from a recompute")
+        ledger = await db.rows(RANKED_ROWS)
+        for window in (None, "1h", "7d"):
+            top = await c.top("community", "c", "view", window=window)
+            shown = [(r.entity, r.count) for r in top.entities]
+            if shown != ranked(ledger, window, top.as_of_ns):
+                wrong.append(f"top in window {window}: {shown} is not a recompute")
     await process.stop()
     if db.backend == "sqlite":
         with contextlib.closing(sqlite3.connect(db.target)) as file:
@@ -121,6 +135,20 @@ async def check(process: ServerProcess, book: Ledger, db: Database) -> list[str]
         if result != ("ok",):
             wrong.append(f"quick_check: {result}")
     return wrong
+
+
+RANKED_ROWS = "SELECT entity, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
+AGES = [None, None, 0, 30 * MIN_NS, 3 * HOUR_NS, 2 * DAY_NS, 10 * DAY_NS, 40 * DAY_NS]
+
+
+def ranked(rows: list[tuple[Any, ...]], window: str | None, now_ns: int) -> list[tuple[str, int]]:
+    """Community c's top 10 by count, recomputed from the ledger's rows (``RANKED_ROWS``)."""
+    counts: dict[str, int] = {}
+    for entity, forwarded, context, at_ns in rows:
+        reached = forwarded and context and "c" in msgpack.unpackb(context, raw=False)[0]
+        if reached and in_window(at_ns, window, now_ns):
+            counts[entity] = counts.get(entity, 0) + 1
+    return sorted(counts.items(), key=lambda e: (-e[1], e[0]))[:10]
 
 
 @pytest.mark.both_backends

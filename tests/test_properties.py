@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,23 @@ class Row:
     forwarded: bool
     communities: list[str]
     cohorts: list[int]  # the cohort definitions it reached
+    at_ns: int = 0  # when it happened
+
+
+MIN_NS, HOUR_NS, DAY_NS = 60 * 10**9, 3600 * 10**9, 86400 * 10**9
+#: how long ago signals happened: none near a window's edge (1h, 24h, 7d, 30d), a minute ahead
+AGES = st.sampled_from([0, 30 * MIN_NS, 3 * HOUR_NS, 2 * DAY_NS, 10 * DAY_NS,
+                        40 * DAY_NS, -MIN_NS])  # fmt: skip
+WINDOWS = {"1h": (MIN_NS, 60), "24h": (MIN_NS, 1440), "7d": (HOUR_NS, 168), "30d": (HOUR_NS, 720)}
+HALF_LIFE_NS = 6 * HOUR_NS
+
+
+def in_window(at_ns: int, window: str | None, now_ns: int) -> bool:
+    """PROTOCOL.md's rule: the window's last n buckets of g, the current one included."""
+    if window is None:
+        return True
+    g, n = WINDOWS[window]
+    return at_ns // g > now_ns // g - n
 
 
 class Model:
@@ -69,6 +88,7 @@ class Model:
         self.cohorts: dict[str, tuple[dict[str, Any], int]] = {}  # name -> predicate, id
         self.definitions = 0
         self.rows: list[Row] = []
+        self.ever: list[Row] = []  # every signal counted, withdrawn or not (rounding's scale)
         self.keys: dict[str, tuple[int, bool]] = {}  # idempotency key -> first ack
         self.next_seq = 1
         self.history: dict[int, list[tuple[str, int | None]]] = {}
@@ -77,7 +97,7 @@ class Model:
         return self.members.get(user, ("active", None))[0] == "left"
 
     def signal(self, user: int, entity: str, kind: str, weight: float, communities: list[str],
-               attrs: dict[str, Any], key: str | None) -> tuple[int, bool]:  # fmt: skip
+               attrs: dict[str, Any], key: str | None, at_ns: int) -> tuple[int, bool]:  # fmt: skip
         if key is not None and key in self.keys:
             return self.keys[key]  # a retry: counted once
         forwarded = not self.left(user)
@@ -88,7 +108,9 @@ class Model:
             and all(a in attrs and family(attrs[a]) in ok for a, ok in rule_of(predicate).items())
         ]
         names = list(dict.fromkeys(communities)) if forwarded else []
-        self.rows.append(Row(self.next_seq, user, entity, kind, weight, forwarded, names, reached))
+        row = Row(self.next_seq, user, entity, kind, weight, forwarded, names, reached, at_ns)
+        self.rows.append(row)
+        self.ever.append(row)
         ack = (self.next_seq, forwarded)
         self.next_seq += 1
         if key is not None:
@@ -117,8 +139,8 @@ class Model:
         self.history.setdefault(user, []).append(("erase", len(gone)))
         return len(gone)
 
-    def counts_of(self, entity: str) -> dict[str, Any]:
-        """A recompute from the ledger as it stands."""
+    def counts_of(self, entity: str, window: str | None = None, now_ns: int = 0) -> dict[str, Any]:
+        """A recompute from the ledger as it stands (in a window, at ``now_ns``)."""
         tallies: dict[tuple[str, str, str], list[float]] = {}
 
         def bump(key: tuple[str, str, str], weight: float) -> None:
@@ -128,7 +150,7 @@ class Model:
 
         names = {cid: name for name, (_, cid) in self.cohorts.items()}
         for row in self.rows:
-            if row.entity != entity:
+            if row.entity != entity or not in_window(row.at_ns, window, now_ns):
                 continue
             bump(("ledger", "", row.kind), row.weight)
             for cid in row.cohorts:
@@ -144,6 +166,42 @@ class Model:
             else:
                 out[layer].setdefault(name, {})[kind] = tally
         return out
+
+    def reached(self, row: Row, layer: str, name: str | None) -> bool:
+        if layer == "ledger":
+            return True
+        if layer == "community":
+            return name in row.communities
+        cohort = self.cohorts.get(name or "")
+        return cohort is not None and cohort[1] in row.cohorts
+
+    def top_of(self, layer: str, name: str | None, kind: str, by: str, window: str | None,
+               now_ns: int) -> list[tuple[str, int, float, float]]:  # fmt: skip
+        """(entity, count, weight, score), highest score first, then by entity."""
+        tallies: dict[str, list[float]] = {}
+        for row in self.rows:
+            if row.kind != kind or not self.reached(row, layer, name):
+                continue
+            tally = tallies.setdefault(row.entity, [0, 0.0, 0.0])
+            if in_window(row.at_ns, window, now_ns):
+                tally[0] += 1
+                tally[1] += row.weight
+            tally[2] += row.weight * 2 ** (-(now_ns - row.at_ns) / HALF_LIFE_NS)
+        ranked = []
+        for entity, (count, weight, decayed) in tallies.items():
+            if by == "trend" or count:
+                score = {"count": float(count), "weight": weight, "trend": decayed}[by]
+                ranked.append((entity, int(count), weight, score))
+        return sorted(ranked, key=lambda r: (-r[3], r[0].encode()))
+
+    def rounding(self, entity: str, now_ns: int) -> float:
+        """What the decayed sums of ``entity`` may be off by: every signal ever added to
+        them and taken off again leaves its rounding."""
+        return 1e-9 * sum(
+            abs(r.weight) * 2 ** (-(now_ns - r.at_ns) / HALF_LIFE_NS)
+            for r in self.ever
+            if r.entity == entity
+        )
 
 
 def wire(counts: Counts) -> dict[str, Any]:
@@ -217,14 +275,16 @@ class TidalMachine(RuleBasedStateMachine):
         communities=st.lists(st.sampled_from(["x", "y"]), max_size=3),
         attrs=ATTRS,
         key=st.none() | st.sampled_from(["k1", "k2", "k3"]),
+        age=AGES,
     )
     def signal(self, user: int, entity: str, kind: str, weight: int, communities: list[str],
-               attrs: dict[str, Any], key: str | None) -> None:  # fmt: skip
+               attrs: dict[str, Any], key: str | None, age: int | None) -> None:  # fmt: skip
         w = float(weight)
+        at = None if age is None else time.time_ns() - age
         ack = self.run(self.c.signal(user, entity, kind, w, communities=communities, attrs=attrs,
-                                     key=key))  # fmt: skip
+                                     key=key, at_ns=at))  # fmt: skip
         assert (ack.seq, ack.forwarded) == self.model.signal(
-            user, entity, kind, w, communities, attrs, key
+            user, entity, kind, w, communities, attrs, key, time.time_ns() if at is None else at
         )
 
     @rule(user=USERS, purge=st.booleans())
@@ -290,10 +350,41 @@ class TidalMachine(RuleBasedStateMachine):
             assert wire(counts) == self.model.counts_of(entity)
             assert as_dict(counts) == self.run(recompute(self.db, entity))  # the database agrees
         assert self.run(self.c.stats())["ledger_rows"] == len(self.model.rows)
+        self.rankings_match_the_model()
         left = self.run(self.c.left_users())
         assert left.users == sorted(
             (u, at) for u, (s, at) in self.model.members.items() if s == "left" and at
         )
+
+    def rankings_match_the_model(self) -> None:
+        """Windowed counts, and top by count, weight and trend, equal a recompute."""
+        for entity in ("a", "b"):
+            for span in ("1h", "30d"):
+                now = time.time_ns()
+                counted = wire(self.run(self.c.counts(entity, window=span)))
+                assert counted == self.model.counts_of(entity, span, now), (entity, span)
+        scopes = [
+            ("ledger", None),
+            ("community", "x"),
+            *(("cohort", n) for n in self.model.cohorts),
+        ]
+        for layer, name in scopes:
+            for by, window in (("count", None), ("count", "24h"), ("weight", "7d")):
+                top = self.run(self.c.top(layer, name, "view", by=by, window=window))
+                want = self.model.top_of(layer, name, "view", by, window, top.as_of_ns)
+                got = [(r.entity, r.count, r.weight, r.score) for r in top.entities]
+                assert got == want, (layer, name, by, window)
+            top = self.run(self.c.top(layer, name, "view", by="trend"))
+            want = self.model.top_of(layer, name, "view", "trend", None, top.as_of_ns)
+            assert sorted(r.entity for r in top.entities) == sorted(w[0] for w in want)
+            wanted = {entity: (count, weight, score) for entity, count, weight, score in want}
+            scores = [r.score for r in top.entities]
+            assert scores == sorted(scores, reverse=True), (layer, name)
+            for r in top.entities:
+                count, weight, score = wanted[r.entity]
+                assert (r.count, r.weight) == (count, weight)
+                slack = self.model.rounding(r.entity, top.as_of_ns)
+                assert math.isclose(r.score, score, rel_tol=1e-9, abs_tol=slack), (r, score)
 
 
 class PostgresMachine(TidalMachine):

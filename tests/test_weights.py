@@ -39,7 +39,11 @@ async def test_huge_weights_an_older_tidal_stored_do_not_wedge_the_boot(db_path:
         # a checkpoint that summed to inf, then two more signals of -1e308 past it
         db.execute("UPDATE aggregates SET weight = 9e999 WHERE entity = 'e'")
         for seq in (2, 3):
-            db.execute("INSERT INTO ledger VALUES (?, 1, 'e', 'view', -1e308, 0, 0, NULL)", (seq,))
+            db.execute(
+                "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)"
+                " VALUES (?, 1, 'e', 'view', -1e308, 0, 0, NULL)",
+                (seq,),
+            )
     for _ in range(2):  # each boot replays, checkpoints, and must stay healthy
         server = Server(Config(port=0, db=str(db_path), checkpoint_signals=1))
         await server.start()

@@ -88,7 +88,7 @@ class Aggregates:
         if entity is not None:
             rows = [row for row in rows if row[2] == entity]
         taken: Deltas = {}
-        for _seq, _user, row_entity, kind, weight, _ts, forwarded, context in rows:
+        for _seq, _user, row_entity, kind, weight, _ts, forwarded, context, _at in rows:
             mine = taken.get(row_entity)
             if mine is None:
                 mine = taken[row_entity] = {}
@@ -186,14 +186,18 @@ class Aggregates:
             limit,
         )
 
-    def replay(self, rows: Iterable[tuple[str, str, float, int, bytes | None]]) -> int:
-        """Rebuild the live deltas from ledger rows above the watermark (at boot).
+    def replay(
+        self, rows: Iterable[tuple[int, str, str, float, int, bytes | None, int]], watermark: int
+    ) -> int:
+        """Rebuild the live deltas from ledger rows above ``watermark`` (at boot).
 
         Each row counts as the signal did live (``ledger.count``).
         """
         live = self.live
         count = 0
-        for entity, kind, weight, forwarded, context in rows:
+        for seq, entity, kind, weight, forwarded, context, _at in rows:
+            if seq <= watermark:
+                continue  # the board's watermark may lag, not this one's
             weight = ledger.row_weight(weight)
             mine = live.get(entity)
             if mine is None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .board import Board, Contribution, Dirty
 from .counts import CountsRead, Deltas
-from .ledger import Row
+from .ledger import Row, Slot
 from .matching import Cohort
 from .replies import Replier, Undo
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 class Batch:
     first_seq: int
     ledger: list[Row] = field(default_factory=list)  # counted in the aggregates when read
+    board: list[Contribution] = field(default_factory=list)  # ... and on the board once committed
     #: reads of the tables, made by the writer before this batch's writes
     reads: list[CountsRead | HistoryRead | LeftRead] = field(default_factory=list)
     memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
@@ -31,6 +33,14 @@ class Batch:
     next_cohort_id: int | None = None
     checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
     checkpoint_seq: int = 0
+    #: with a checkpoint, the board's tallies changed since the last, and those gone: the
+    #: writer writes them as the board holds them, all committed before this batch (the
+    #: board holds only what is committed, and takes nothing in while this commits)
+    board_state: Board | None = None
+    board_dirty: Dirty = field(default_factory=dict)
+    board_vanished: list[tuple[str, Slot]] = field(default_factory=list)
+    decay: list[tuple[int, int]] = field(default_factory=list)  # the board's, for the writer
+    now_ns: int = 0  # when the writer took it: which buckets are still kept
     users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py
     #: idempotency keys: key -> (seq, forwarded, ts_ns). One entry per key, the last use:
     #: a key can be used twice in one batch (its first use erased, or past the window or the

@@ -24,8 +24,9 @@ LEDGER, COHORT, COMMUNITY = 0, 1, 2
 #: (layer, key, kind): key is "" for the ledger, a cohort id, or a community name
 Slot: TypeAlias = tuple[int, int | str, str]
 
-#: seq, user_id (signed), entity, kind, weight, ts_ns, forwarded, context
-Row: TypeAlias = tuple[int, int, str, str, float, int, bool, bytes | None]
+#: seq, user_id (signed), entity, kind, weight, ts_ns, forwarded, context, and at_ns: when
+#: the signal happened, if the caller said (else it is ts_ns, when the server read it)
+Row: TypeAlias = tuple[int, int, str, str, float, int, bool, bytes | None, int | None]
 
 _pack: Final[Callable[[Any], bytes]] = msgpack.Packer(use_bin_type=True).pack
 

@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from . import ledger
+from .board import Contribution
 from .counts import Deltas
 from .replies import Later
 
 LEAVE, REJOIN, PURGE, ERASE = 1, 2, 3, 4
 EVENTS: Final = {LEAVE: "leave", REJOIN: "rejoin", PURGE: "purge", ERASE: "erase"}
 
-#: a ledger row as the writer reads it back: seq, entity, kind, weight, forwarded, context
-PastRow: TypeAlias = tuple[int, str, str, float, int, bytes | None]
+#: a ledger row as the writer reads it back: seq, entity, kind, weight, forwarded, context,
+#: and when it happened (at_ns, or ts_ns where none was given)
+PastRow: TypeAlias = tuple[int, str, str, float, int, bytes | None, int]
 
 
 @dataclass(slots=True, eq=False)
@@ -46,6 +48,10 @@ class Withdrawal:
     signals: int = 0  # rows withdrawn from (purge) or deleted (erase)
     table: Deltas = field(default_factory=dict)
     live: Deltas = field(default_factory=dict)
+    #: the same, as the board takes it off: rows up to the watermark (whose buckets the
+    #: writer also takes off the table, in the transaction), and the rest
+    board_table: list[Contribution] = field(default_factory=list)
+    board_live: list[Contribution] = field(default_factory=list)
     keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
     seconds: float = 0.0  # the writer's time on it
 
@@ -53,11 +59,14 @@ class Withdrawal:
         done = "erased" if self.erase else "purged"
         return f"user {self.user_id}: {self.signals} signals {done} ({self.seconds * 1e3:.1f} ms)"
 
-    def take(self, rows: Iterable[PastRow], watermark: int) -> None:
-        """Withdraw ``rows`` (read by the writer); each counts as it was counted."""
+    def take(self, rows: Iterable[PastRow], watermark: int, board_seq: int) -> None:
+        """Withdraw ``rows`` (read by the writer); each counts as it was counted. The
+        tables hold the rows up to their watermarks (the aggregates', the board's)."""
         reached: dict[bytes | None, tuple[list[str], list[int]]] = {}  # contexts repeat
-        for seq, entity, kind, weight, forwarded, context in rows:
-            into = self.table if seq <= watermark else self.live
+        erase = self.erase
+        for seq, entity, kind, weight, forwarded, context, at_ns in rows:
+            old = seq <= watermark
+            into = self.table if old else self.live
             tallies = into.get(entity)
             if tallies is None:
                 tallies = into[entity] = {}
@@ -69,10 +78,10 @@ class Withdrawal:
                     names, _, ids = ledger.decode(context)
                     known = reached[context] = (names, ids)
                 communities, cohorts = known
-            ledger.withdraw(
-                tallies, kind, ledger.row_weight(weight), cohorts, communities,
-                ledger_too=self.erase,
-            )  # fmt: skip
+            weight = ledger.row_weight(weight)
+            ledger.withdraw(tallies, kind, weight, cohorts, communities, ledger_too=erase)
+            taken = (entity, kind, -1, -weight, at_ns, cohorts, communities, erase)
+            (self.board_table if seq <= board_seq else self.board_live).append(taken)
             self.signals += 1
 
 

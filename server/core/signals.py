@@ -33,6 +33,8 @@ from tidal.server.errors import InvalidParams
 
 from .params import Scalar, arity, describe, scalar, text, user_id, weight
 
+I64_MAX: Final = 2**63 - 1
+
 
 class SignalArgs(NamedTuple):
     user_id: int
@@ -42,6 +44,7 @@ class SignalArgs(NamedTuple):
     communities: tuple[str, ...]
     attrs: dict[str, Scalar]
     key: str | None  # the caller's idempotency key, context "id"
+    at_ns: int | None  # when it happened, context "at_ns" (checked against the clock later)
 
 
 def single_signal(params: list[Any], where: str = "") -> SignalArgs:
@@ -67,26 +70,28 @@ def single_signal(params: list[Any], where: str = "") -> SignalArgs:
     ):
         kind = text(kind, f"{where}kind", KIND_MAX_BYTES)
     if len(params) == 3:
-        return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS, None))
+        return new_tuple(SignalArgs, (uid, entity, kind, 1.0, (), _NO_ATTRS, None, None))
     w = params[3]
     if type(w) is not float or not -WEIGHT_MAX <= w <= WEIGHT_MAX:
         w = weight(w, f"{where}weight")
     if len(params) == 4 or params[4] is None:
-        return new_tuple(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS, None))
-    communities, attrs, key = _context(params[4], f"{where}context")
-    return new_tuple(SignalArgs, (uid, entity, kind, w, communities, attrs, key))
+        return new_tuple(SignalArgs, (uid, entity, kind, w, (), _NO_ATTRS, None, None))
+    communities, attrs, key, at_ns = _context(params[4], f"{where}context")
+    return new_tuple(SignalArgs, (uid, entity, kind, w, communities, attrs, key, at_ns))
 
 
 _SIGNAL_PARAMS: Final = "user_id, entity, kind, weight=1.0, context={}"
 _NO_ATTRS: Final[dict[str, Scalar]] = {}
 
 
-def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scalar], str | None]:
+def _context(
+    value: object, where: str
+) -> tuple[tuple[str, ...], dict[str, Scalar], str | None, int | None]:
     if type(value) is not dict:
         raise InvalidParams(f"{where}: must be a map, got {describe(value)}")
     communities: tuple[str, ...] = ()
     attrs: dict[str, Scalar] = _NO_ATTRS
-    idempotency_key = None
+    idempotency_key = at_ns = None
     for raw_key, item in value.items():
         key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
         if key == "communities":
@@ -95,11 +100,19 @@ def _context(value: object, where: str) -> tuple[tuple[str, ...], dict[str, Scal
             attrs = _attrs(item, f"{where}.attrs")
         elif key == "id":
             idempotency_key = text(item, f"{where}.id", KEY_MAX_BYTES)
+        elif key == "at_ns":
+            if type(item) is not int or not 0 <= item <= I64_MAX:
+                raise InvalidParams(
+                    f"{where}.at_ns: must be an integer of ns since the epoch, 0..2**63-1,"
+                    f" got {describe(item)}"
+                )
+            at_ns = item
         else:
             raise InvalidParams(
-                f"{where}: unknown key {key!r}; the keys are 'communities', 'attrs' and 'id'"
+                f"{where}: unknown key {key!r}; the keys are 'communities', 'attrs', 'id'"
+                " and 'at_ns'"
             )
-    return communities, attrs, idempotency_key
+    return communities, attrs, idempotency_key, at_ns
 
 
 def _communities(value: object, where: str) -> tuple[str, ...]:

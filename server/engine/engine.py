@@ -22,15 +22,17 @@ from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
-from tidal.server.core import ledger, params
+from tidal.server.core import board, ledger, params
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
+from tidal.server.core.board import Board
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
 from tidal.server.core.replies import Replier
 from tidal.server.core.signals import SignalArgs, signal_batch, single_signal
 from tidal.server.core.userrows import UserRows
+from tidal.server.core.windows import AHEAD_NS
 from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
@@ -38,10 +40,19 @@ from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
 
 from .changes import Changes
 from .committer import Committer
+from .ranked import Ranked
 from .reads import Reads
 from .retention import Retention
 
 log = logging.getLogger("tidal.engine")
+
+
+def _ahead(where: str, at_ns: int, now_ns: int) -> None:
+    raise InvalidParams(
+        f"{where}: {at_ns} is {(at_ns - now_ns) / 1e9:.0f} s ahead of the server's clock;"
+        f" at most {AHEAD_NS // 10**9} s ahead"
+    )
+
 
 Handler = Callable[[Replier, int | None, list[Any]], None]
 
@@ -74,7 +85,11 @@ class Engine:
         self.aggregates = Aggregates(
             snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
-        self.aggregates.replay(snapshot.ledger_tail)
+        self.aggregates.replay(snapshot.ledger_tail, snapshot.watermark)
+        self.board = Board(snapshot.decay, clock())
+        board.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, set(self.cohorts.names()))
+        # past the board's watermark: counted, and written by the next checkpoint
+        self.board.add(board.from_row(r) for r in snapshot.ledger_tail if r[0] > snapshot.board_seq)
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
@@ -101,7 +116,8 @@ class Engine:
             define_cohort=changes.define_cohort,
             drop_cohort=changes.drop_cohort,
         )
-        reads = self._reads = Reads(self)
+        ranked = Ranked(self, clock)
+        reads = self._reads = Reads(self, ranked)
         self.health = reads.health
         self._methods.update(
             status=reads.status,
@@ -110,6 +126,7 @@ class Engine:
             stats=reads.stats,
             health=reads.check_health,
             history=reads.history,
+            top=ranked.top,
             left_users=reads.left_users,
         )
 
@@ -148,12 +165,18 @@ class Engine:
     def _signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         s = single_signal(args)
         batch = self.committer.writable()
-        self.committer.ack(conn, msgid, self._record(batch, s, self._clock()))
+        now = self._clock()
+        if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
+            _ahead("context.at_ns", s.at_ns, now)
+        self.committer.ack(conn, msgid, self._record(batch, s, now))
 
     def _signal_batch(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         signals = signal_batch(args)  # all valid, or none applied
         batch = self.committer.writable()
         now = self._clock()
+        for i, s in enumerate(signals):
+            if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
+                _ahead(f"signals[{i}].context.at_ns", s.at_ns, now)
         record = self._record
         if not self.cohorts:  # fan-out is the communities named, bounded by params
             self.committer.ack(conn, msgid, [record(batch, s, now) for s in signals])
@@ -176,7 +199,7 @@ class Engine:
         self, batch: Batch, s: SignalArgs, now_ns: int, matched: tuple[int, ...] | None = None
     ) -> dict[str, Any]:
         """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
-        user_id, entity, kind, weight, communities, attrs, key = s
+        user_id, entity, kind, weight, communities, attrs, key, at_ns = s
         if key is not None:
             seen = self.keys.seen(key, now_ns, user_id)
             if seen is not None:
@@ -193,12 +216,19 @@ class Engine:
             aggregates.tallies += ledger.count(mine, kind, weight, cohorts, communities)
             batch.forwarded += 1
             batch.fanout += len(cohorts) + len(communities)
+            batch.board.append(
+                (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, cohorts,
+                 communities, True)
+            )  # fmt: skip
         else:
             cohorts = ()
             aggregates.tallies += ledger.count(mine, kind, weight, (), ())
+            batch.board.append(
+                (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, (), (), True)
+            )
         context = ledger.context(communities, attrs, cohorts)
         db_user = user_id - U64 if user_id > I64_MAX else user_id  # to_db, inline: per signal
-        batch.ledger.append((seq, db_user, entity, kind, weight, now_ns, forwarded, context))
+        batch.ledger.append((seq, db_user, entity, kind, weight, now_ns, forwarded, context, at_ns))
         if key is not None:
             self.keys.remember(batch, key, (seq, forwarded, now_ns))
         batch.signals += 1
@@ -211,6 +241,8 @@ class Engine:
         return self._next_seq
 
     def prepare(self, batch: Batch) -> None:
+        batch.decay = self.board.decay
+        batch.now_ns = self._clock()
         if self.aggregates.due():
             # every signal before this batch has committed, and this batch's rows commit
             # with the checkpoint: the live deltas, which count them all, run to its end
@@ -224,7 +256,7 @@ class Engine:
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
-        if not self.aggregates.live:
+        if not self.aggregates.live and not self.board.dirty and not self.board.vanished:
             return False
         self._checkpoint(batch, self._next_seq - 1)
         return True
@@ -232,10 +264,17 @@ class Engine:
     def _checkpoint(self, batch: Batch, upto_seq: int) -> None:
         batch.checkpoint_seq = upto_seq
         batch.checkpoint = self.aggregates.begin_checkpoint(upto_seq)
+        batch.decay = self.board.decay
+        batch.now_ns = self._clock()
+        # the board's share: all committed before this batch (to first_seq - 1)
+        board = self.board
+        batch.board_state = board
+        batch.board_dirty, batch.board_vanished = board.take_dirty()
 
     def committed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=True)
+        self._board_committed(batch)
         self.aggregates.signals_committed(batch.signals)
         self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
@@ -254,9 +293,22 @@ class Engine:
             self.metrics.leaves += batch.leaves
             self.metrics.rejoins += batch.rejoins
 
+    def _board_committed(self, batch: Batch) -> None:
+        """The board takes in what ``batch`` committed: its signals, then what its
+        withdrawals took off (the next checkpoint writes what the transaction did not)."""
+        board = self.board
+        board.advance(self._clock())
+        board.add(batch.board)
+        for w in batch.past:
+            board.add(w.board_table)  # taken off the table too, in the transaction
+            board.add(w.board_live)
+        if batch.cohorts:
+            board.keep_cohorts(set(self.cohorts.names()))
+
     def failed(self, batch: Batch, later: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
+            self.board.put_back(batch.board_dirty, batch.board_vanished)
         # their signals were counted when read: what the disk refused is taken back off
         self.aggregates.withdraw(self.aggregates.uncount([*batch.ledger, *later.ledger]))
         self._next_seq = batch.first_seq

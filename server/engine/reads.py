@@ -27,7 +27,7 @@ from tidal.protocol.limits import (
     NAME_MAX_BYTES,
     SLOT_REPLY_BYTES,
 )
-from tidal.server.core import params
+from tidal.server.core import params, ranking
 from tidal.server.core.counts import CountsRead
 from tidal.server.core.ledger import Row
 from tidal.server.core.past import HistoryRead, LeftRead, Pending
@@ -37,14 +37,16 @@ from tidal.server.version import VERSION
 
 from .delivery import answer
 from .health import HealthCheck, report
+from .ranked import Ranked
 from .state import EngineState
 
 log = logging.getLogger("tidal.engine")
 
 
 class Reads:
-    def __init__(self, engine: EngineState) -> None:
+    def __init__(self, engine: EngineState, ranked: Ranked) -> None:
         self._engine = engine
+        self._ranked = ranked
         self._started = time.monotonic()
         #: counts waiting to read the table beside the writer, and the task reading them
         self._beside: list[tuple[Replier, int, CountsRead]] = []
@@ -74,14 +76,20 @@ class Reads:
         params.arity(args, "counts", "entity, page={}", 1, 2)
         entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
         most = self._engine.reply_budget // SLOT_REPLY_BYTES
-        page = params.page(args[1] if len(args) > 1 else None, "counts", ("after", "limit"), most)
+        page = params.page(
+            args[1] if len(args) > 1 else None, "counts", ("after", "limit", "window"), most
+        )
         after = params.cursor(page["after"]) if page.get("after") is not None else None
+        window = ranking.window_option(page["window"]) if "window" in page else -1
+        limit = page.get("limit", most)
+        if window >= 0:  # from the board, as top reads it
+            self._ranked.counts(conn, msgid, entity, window, after, limit)
+            return
         if msgid is None:
             conn.reply(None, None)
             return
         engine = self._engine
         committer = engine.committer
-        limit = page.get("limit", most)
         if committer.may_read_beside(conn):
             read = engine.aggregates.committed_page(
                 entity, engine.cohorts.names(), self._uncommitted(), after, limit

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from tidal.server.core.aggregates import Aggregates
+from tidal.server.core.board import Board
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
@@ -25,6 +26,7 @@ class EngineState(Protocol):
     cohorts: Registry
     keys: Keys
     aggregates: Aggregates
+    board: Board  # what is committed, for ranked and windowed reads
     #: what a reply may take, after its envelope
     reply_budget: int
     #: since boot: signals committed, and of those, forwarded

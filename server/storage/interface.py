@@ -10,6 +10,7 @@ transaction, and ``commit`` returns only once it is durable, or raises
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,13 +30,20 @@ class Snapshot:
     next_cohort_id: int
     #: the aggregates table holds every signal up to this seq; later ledger rows follow
     watermark: int
-    ledger_tail: list[tuple[str, str, float, int, bytes | None]]
+    #: seq, entity, kind, weight, forwarded, context, at_ns: every row past the aggregates'
+    #: watermark or the board's, whichever is lower
+    ledger_tail: list[tuple[int, str, str, float, int, bytes | None, int]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
     keys: OrderedDict[str, tuple[int, bool, int]]
     ledger_rows: int
     last_event_ns: int  # the latest event in any user's history
     next_block: int  # the first seq that no block of ledger_users lists yet
     users_tail: list[int]  # the users of the rows from there on, in seq order
+    decay: list[tuple[int, int]]  # (half-life s, base ns) of each trend (``core.windows``)
+    board_seq: int  # the buckets table holds every signal up to this seq
+    #: the aggregates table, and the board's buckets still read, for the board
+    board_rows: list[tuple[str, int, int, str, str, int, float]]
+    bucket_rows: list[tuple[str, int, int, str, str, int, int, int, float]]
 
 
 class Storage(Protocol):
@@ -45,7 +53,9 @@ class Storage(Protocol):
     location: str
     commits: int  # transactions committed since boot
 
-    async def load(self, keys_since_ns: int, max_keys: int) -> Snapshot:
+    async def load(
+        self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
+    ) -> Snapshot:
         """Everything the engine keeps in memory; called once, before serving."""
 
     async def commit(self, batch: Batch) -> None:

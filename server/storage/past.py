@@ -10,6 +10,7 @@ from typing import Final
 from tidal.server.core import past, userrows
 from tidal.server.core.batch import Batch
 
+from . import buckets
 from .sqlbulk import (
     I64_MAX,
     Begin,
@@ -79,7 +80,11 @@ def read_blocks() -> Plan[dict[int, bytes]]:
 
 
 def withdraw(
-    d: Dialect, w: past.Withdrawal, watermark: int, blocks: dict[int, bytes]
+    d: Dialect,
+    w: past.Withdrawal,
+    watermarks: tuple[int, int],
+    blocks: dict[int, bytes],
+    batch: Batch,
 ) -> Plan[None]:
     """A purge or an erase: change the user's rows, and take what they added off the
     table now (rows up to ``watermark``) and off memory once committed (the rest). A user
@@ -94,7 +99,8 @@ def withdraw(
             seqs.update(found)
     listed = sorted(seq for seq in seqs if seq < w.before_seq)
     if listed:
-        yield from _withdraw_rows(d, w, user, d.seqs(listed), watermark)
+        yield from _withdraw_rows(d, w, user, d.seqs(listed), watermarks)
+        yield from buckets.withdraw(w.board_table, batch.decay, batch.now_ns)
         if w.erase:
             for first, found in mine_by_block.items():  # no trace of the user in the blocks
                 blocks[first] = userrows.blank(blocks[first], first, found)
@@ -103,7 +109,7 @@ def withdraw(
 
 
 def _withdraw_rows(
-    d: Dialect, w: past.Withdrawal, user: int, listed: object, watermark: int
+    d: Dialect, w: past.Withdrawal, user: int, listed: object, watermarks: tuple[int, int]
 ) -> Plan[None]:
     mine = f"{d.in_seqs} AND user_id = ?"  # a user's rows, by seq, in one argument
     if w.erase:
@@ -111,14 +117,14 @@ def _withdraw_rows(
         w.keys = yield Rows(erase_keys, (listed,))
         query = (
             f"DELETE FROM ledger WHERE {mine}"
-            " RETURNING seq, entity, kind, weight, forwarded, context"
+            " RETURNING seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns)"
         )
     else:
         query = (
             f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1"
-            " RETURNING seq, entity, kind, weight, 1, context"
+            " RETURNING seq, entity, kind, weight, 1, context, COALESCE(at_ns, ts_ns)"
         )
-    w.take((yield Rows(query, (listed, user))), watermark)
+    w.take((yield Rows(query, (listed, user))), *watermarks)
     if w.table:
         yield from put_aggregates(rows_of(w.table))
         yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table])

@@ -10,14 +10,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgpack
 
-from tidal.server.core import past
+from tidal.server.core import past, windows
 from tidal.server.core.batch import Batch
+from tidal.server.core.board import from_row
 from tidal.server.core.counts import CountsRead
 
+from . import buckets
 from . import past as storage_past
 from .interface import Snapshot
 from .sqlbulk import (
@@ -45,8 +48,8 @@ from .sqlbulk import (
 log = logging.getLogger("tidal.storage")
 
 LEDGER: Final = Bulk(
-    "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)",
-    ("bigint", "bigint", "text", "text", "float8", "bigint", "smallint", "bytea"),
+    "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context, at_ns)",
+    ("bigint", "bigint", "text", "text", "float8", "bigint", "smallint", "bytea", "bigint"),
 )
 _MEMBERSHIPS: Final = Bulk(
     'INSERT INTO memberships (user_id, "left", left_at_ns)',
@@ -76,7 +79,9 @@ _UPSERT_COHORT: Final = (
 )
 
 
-def load(d: Dialect, keys_since_ns: int, max_keys: int) -> Plan[Snapshot]:
+def load(
+    d: Dialect, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
+) -> Plan[Snapshot]:
     left: dict[int, int] = {}
     rejoined: dict[int, int] = {}
     for is_left, members in ((1, left), (0, rejoined)):
@@ -90,10 +95,12 @@ def load(d: Dialect, keys_since_ns: int, max_keys: int) -> Plan[Snapshot]:
     ((max_seq,),) = yield Rows("SELECT COALESCE(MAX(seq), 0) FROM ledger")
     meta = dict((yield Rows("SELECT key, value FROM meta")))
     watermark = int(meta.get("aggregates_seq", 0))
-    tail = yield Rows(
-        "SELECT entity, kind, weight, forwarded, context FROM ledger WHERE seq > ? ORDER BY seq",
-        (watermark,),
+    decay, board_seq = yield from _board(meta, half_lives, now_ns, watermark)
+    board_rows = yield Rows(
+        "SELECT entity, layer, cohort, name, kind, count, weight FROM aggregates"
     )
+    bucket_rows = yield Rows(buckets.SELECT, buckets.horizons(now_ns))
+    tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (min(watermark, board_seq),))
     newest_keys = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
         " ORDER BY ts_ns DESC LIMIT ?",
@@ -117,7 +124,54 @@ def load(d: Dialect, keys_since_ns: int, max_keys: int) -> Plan[Snapshot]:
         last_event or 0,
         next_block,
         users_tail,
+        decay,
+        board_seq,
+        board_rows,
+        bucket_rows,
     )
+
+
+_ROWS: Final = (
+    "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
+)
+
+
+def _board(
+    meta: dict[str, Any], half_lives: Sequence[int], now_ns: int, watermark: int
+) -> Plan[tuple[list[tuple[int, int]], int]]:
+    """Each half-life's base, and the board's watermark. The buckets are filled from the
+    ledger where they are missing: a database from before them, or a half-life not seen
+    before."""
+    decay = []
+    missing = []
+    for hl in half_lives:
+        base = meta.get(f"trend_base_{hl}")
+        if base is None:
+            base = windows.first_base(now_ns, hl)
+            missing.append(hl)
+        decay.append((hl, int(base)))
+    behind = "board_seq" not in meta
+    board_seq = watermark if behind else int(meta["board_seq"])
+    if not (missing or behind):
+        return decay, board_seq
+    yield Begin()
+    if board_seq:
+        rows = yield Rows(_ROWS + " WHERE seq <= ?", (board_seq,))
+        contributions = [from_row(row) for row in rows]
+        if behind:
+            yield Exec("DELETE FROM buckets")
+        only = None if behind else missing
+        yield from buckets.put(buckets.BUCKETS, buckets.rows(contributions, decay, now_ns, only))
+        log.info(
+            "filled the board's buckets from %d ledger rows (rows that retention deleted are"
+            " in all-time counts only)",
+            len(rows),
+        )
+    for hl, base in decay:
+        yield Exec(SET_META, (f"trend_base_{hl}", base))
+    yield Exec(SET_META, ("board_seq", board_seq))
+    yield Commit()
+    return decay, board_seq
 
 
 def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
@@ -152,19 +206,23 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     if batch.checkpoint is not None:
         yield from put_aggregates(rows_of(batch.checkpoint))
         yield Exec(SET_META, ("aggregates_seq", batch.checkpoint_seq))
+        if batch.board_state is not None:
+            yield from buckets.checkpoint(batch, batch.board_state)
+        yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
     if batch.users_blocks:
         yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
     if batch.past or batch.retire is not None:
         # after the checkpoint: what it wrote is the table these rows are withdrawn from
         watermark = yield from table_watermark()
+        board_seq = yield from buckets.watermark()
         # rows are about to go, maybe the newest: a seq once acknowledged is never
         # given again, so the next boot must not take its next seq from what is left
         yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
         blocks = (yield from storage_past.read_blocks()) if batch.past else {}
         for withdrawal in batch.past:
-            yield from storage_past.withdraw(d, withdrawal, watermark, blocks)
-        if batch.retire is not None:
-            yield from storage_past.retire(batch, watermark)
+            yield from storage_past.withdraw(d, withdrawal, (watermark, board_seq), blocks, batch)
+        if batch.retire is not None:  # only rows both tables hold
+            yield from storage_past.retire(batch, min(watermark, board_seq))
         deleted = batch.retired + sum(w.signals for w in batch.past if w.erase)
         if deleted:  # so that boot knows how many rows there are without counting them
             yield Exec(ADD_META, ("ledger_deleted", deleted))

@@ -17,7 +17,8 @@ from tidal.server.errors import DatabaseUnusable
 
 log = logging.getLogger("tidal.storage")
 
-#: Each entry takes the schema from version i to i + 1. Version 1 is SQLite's version 4.
+#: Each entry takes the schema from version i to i + 1. Version 1 is SQLite's version 4,
+#: version 2 its version 5.
 MIGRATIONS: Final[list[list[str]]] = [
     [
         """CREATE TABLE ledger (
@@ -70,6 +71,23 @@ MIGRATIONS: Final[list[list[str]]] = [
         )""",
         "CREATE INDEX history_by_user ON history (user_id, at_ns)",
         "CREATE INDEX history_by_time ON history (at_ns)",
+    ],
+    [
+        # SQLite's version 5: when the signal happened, and the board's buckets
+        "ALTER TABLE ledger ADD COLUMN at_ns BIGINT",
+        """CREATE TABLE buckets (
+            entity TEXT COLLATE "C" NOT NULL,
+            layer SMALLINT NOT NULL,
+            cohort BIGINT NOT NULL,
+            name TEXT COLLATE "C" NOT NULL,
+            kind TEXT COLLATE "C" NOT NULL,
+            tier SMALLINT NOT NULL,  -- 0 minute, 1 hour, 2 decayed sum (bucket: half-life, s)
+            bucket BIGINT NOT NULL,
+            count BIGINT NOT NULL,
+            weight DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (entity, layer, cohort, name, kind, tier, bucket)
+        )""",
+        "CREATE INDEX buckets_by_time ON buckets (tier, bucket)",
     ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)

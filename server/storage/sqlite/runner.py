@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
@@ -24,6 +25,7 @@ import aiosqlite
 from tidal.server.config import Durability
 from tidal.server.core.batch import Batch
 from tidal.server.core.counts import CountsRead
+from tidal.server.core.windows import DEFAULT_HALF_LIFE
 from tidal.server.errors import StorageFailure
 from tidal.server.storage import plans
 from tidal.server.storage.interface import Snapshot
@@ -118,8 +120,16 @@ class SqliteStorage:
             raise schema.explain(location, exc) from None
         return cls(db, reader, location)
 
-    async def load(self, keys_since_ns: int = 0, max_keys: int = 1_000_000) -> Snapshot:
-        return await self._db.run(lambda db: run(db, plans.load(SQLITE, keys_since_ns, max_keys)))
+    async def load(
+        self,
+        keys_since_ns: int = 0,
+        max_keys: int = 1_000_000,
+        half_lives: Sequence[int] = (DEFAULT_HALF_LIFE,),
+        now_ns: int | None = None,
+    ) -> Snapshot:
+        now = time.time_ns() if now_ns is None else now_ns
+        load = plans.load(SQLITE, keys_since_ns, max_keys, half_lives, now)
+        return await self._db.run(lambda db: run(db, load))
 
     async def commit(self, batch: Batch) -> None:
         """The batch's plan, as one call on the thread."""

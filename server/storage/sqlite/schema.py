@@ -102,6 +102,25 @@ MIGRATIONS: Final[list[list[str]]] = [
         "ALTER TABLE aggregates_by_column RENAME TO aggregates",
         "CREATE INDEX history_by_time ON history (at_ns)",  # the latest event, at boot
     ],
+    [
+        # when the signal happened, if the caller said (context at_ns); else it is ts_ns
+        "ALTER TABLE ledger ADD COLUMN at_ns INTEGER",
+        # the board (storage/buckets.py): minute and hour buckets, and decayed sums, of each
+        # aggregate; a view of the ledger up to meta.board_seq, filled from it at first boot
+        """CREATE TABLE buckets (
+            entity TEXT NOT NULL,
+            layer INTEGER NOT NULL,
+            cohort INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            tier INTEGER NOT NULL,  -- 0 minute, 1 hour, 2 decayed sum (bucket: half-life, s)
+            bucket INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            weight REAL NOT NULL,
+            PRIMARY KEY (entity, layer, cohort, name, kind, tier, bucket)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX buckets_by_time ON buckets (tier, bucket)",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

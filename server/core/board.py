@@ -1,0 +1,339 @@
+"""The board: every aggregate's totals in memory, all-time, per window and decayed, for
+ranked reads and windowed counts.
+
+It holds only what is committed: a batch's signals are added when it has
+committed (``add``), and what a purge or erase withdrew once it has too. So a
+ranked read answers at once from here, and one that must show a write not yet
+committed waits for that commit (see ``engine.reads``).
+
+A tally keeps running totals for each window; a window slides by subtracting
+the bucket that leaves it (``advance``), found in a map per tier from bucket to
+the tallies with signals in it, so no signal is visited twice. Memory per
+aggregate: one tally, plus one small entry per minute and per hour it has
+signals in (a day of minutes, 30 days of hours). The rules of time are in
+``windows``; the order of a ranking is kept in ``ranking``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, TypeAlias
+
+from . import ledger, windows
+from .ledger import COHORT, COMMUNITY, LEDGER, Slot
+from .windows import HOUR_NS, MINUTE_NS
+
+#: what one ledger row adds to (or, withdrawn, takes off) the aggregates it reached:
+#: entity, kind, +1 or -1, weight (signed as the count), at_ns, cohort ids, communities,
+#: and whether its ledger layer changes too (a signal, an erase; not a purge)
+Contribution: TypeAlias = tuple[str, str, int, float, int, Sequence[int], Sequence[str], bool]
+
+#: count + weight·i per tally in one bucket: one small object (a count is exact as a double)
+Bucket: TypeAlias = dict["Tally", complex]
+#: the tallies changed since the last checkpoint, and the minute (or minutes) changed: the
+#: next checkpoint writes their buckets and decayed sums as they then are
+Dirty: TypeAlias = dict["Tally", "int | set[int]"]
+
+#: the tiers' bucket maps are kept this far back (and the windows read no further)
+_KEEP: Final = tuple(n for _, n in windows.TIERS)
+
+
+class Tally:
+    """One aggregate: (layer, key, kind) of one entity. Compiled, its numbers are stored
+    unboxed: about 130 bytes, the window totals included."""
+
+    __slots__ = (
+        "c0",
+        "c1",
+        "c2",
+        "c3",
+        "count",
+        "entity",
+        "scope",
+        "trend",
+        "w0",
+        "w1",
+        "w2",
+        "w3",
+        "weight",
+    )  # fmt: skip
+
+    def __init__(self, entity: str, scope: Scope, half_lives: int) -> None:
+        self.entity = entity
+        self.scope = scope
+        self.count = 0
+        self.weight = 0.0
+        self.c0 = self.c1 = self.c2 = self.c3 = 0  # per window (windows.WINDOWS)
+        self.w0 = self.w1 = self.w2 = self.w3 = 0.0
+        self.trend = [0.0] * half_lives  # forward-decayed sums, per half-life
+
+    def window(self, i: int) -> tuple[int, float]:
+        """Count and weight in ``windows.WINDOWS[i]`` (-1: all-time)."""
+        if i == 0:
+            return self.c0, self.w0
+        if i == 1:
+            return self.c1, self.w1
+        if i == 2:
+            return self.c2, self.w2
+        if i == 3:
+            return self.c3, self.w3
+        return self.count, self.weight
+
+    def shift(self, i: int, count: int, weight: float) -> None:
+        if i == 0:
+            self.c0 += count
+            self.w0 += weight
+        elif i == 1:
+            self.c1 += count
+            self.w1 += weight
+        elif i == 2:
+            self.c2 += count
+            self.w2 += weight
+        else:
+            self.c3 += count
+            self.w3 += weight
+
+
+class Scope:
+    """What one ranking reads: the tallies of one (layer, key, kind), and the orders kept
+    of them (``ranking.Order``), brought up to date with ``dirty`` when read."""
+
+    __slots__ = ("dirty", "orders", "slot", "tallies")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.tallies: dict[str, Tally] = {}
+        self.dirty: set[str] = set()  # entities changed since the orders were read
+        self.orders: dict[tuple[int, int], Any] = {}
+
+
+class Board:
+    def __init__(self, decay: Sequence[tuple[int, int]], now_ns: int) -> None:
+        self.decay = list(decay)  # (half-life in s, base in ns), as persisted
+        self.scopes: dict[Slot, Scope] = {}
+        self.by_entity: dict[str, list[Tally]] = {}
+        self.minute = now_ns // MINUTE_NS
+        self.hour = now_ns // HOUR_NS
+        self.buckets: tuple[dict[int, Bucket], dict[int, Bucket]] = ({}, {})
+        #: what changed since the last checkpoint (see ``Dirty``), and the aggregates gone
+        self.dirty: Dirty = {}
+        self.vanished: list[tuple[str, Slot]] = []
+        self.tallies = 0
+
+    def scope(self, slot: Slot) -> Scope | None:
+        return self.scopes.get(slot)
+
+    # -- changes -----------------------------------------------------------------
+
+    def add(self, rows: Iterable[Contribution]) -> None:
+        """Committed signals in, or (count -1) what a committed withdrawal took off."""
+        minute, hour = self.minute, self.hour
+        decay = self.decay
+        for entity, kind, sign, weight, at_ns, cohorts, communities, ledger_too in rows:
+            bits = windows.mask(at_ns, minute, hour)
+            m = at_ns // MINUTE_NS
+            h = at_ns // HOUR_NS
+            factors = [weight * windows.decay_factor(at_ns, base, hl) for hl, base in decay]
+            one = self._one
+            if ledger_too:
+                one((LEDGER, "", kind), entity, sign, weight, bits, m, h, factors)
+            for cid in cohorts:
+                one((COHORT, cid, kind), entity, sign, weight, bits, m, h, factors)
+            for name in communities:
+                one((COMMUNITY, name, kind), entity, sign, weight, bits, m, h, factors)
+
+    def _one(self, slot: Slot, entity: str, sign: int, weight: float, bits: int, m: int,
+             h: int, factors: list[float]) -> None:  # fmt: skip
+        scope = self.scopes.get(slot)
+        if scope is None:
+            if sign < 0:
+                return  # a cohort dropped since: nothing of it is kept
+            scope = self.scopes[slot] = Scope(slot)
+        tally = scope.tallies.get(entity)
+        if tally is None:
+            if sign < 0:
+                return
+            tally = scope.tallies[entity] = Tally(entity, scope, len(self.decay))
+            self.by_entity.setdefault(entity, []).append(tally)
+            self.tallies += 1
+        tally.count += sign
+        tally.weight += weight
+        if bits == windows.ALL_WINDOWS:
+            tally.c0 += sign
+            tally.c1 += sign
+            tally.c2 += sign
+            tally.c3 += sign
+            tally.w0 += weight
+            tally.w1 += weight
+            tally.w2 += weight
+            tally.w3 += weight
+        elif bits:
+            for i in range(4):
+                if bits >> i & 1:
+                    tally.shift(i, sign, weight)
+        step = complex(sign, weight)
+        if m > self.minute - _KEEP[0]:
+            _bump(self.buckets[0], m, tally, step)
+        if h > self.hour - _KEEP[1]:
+            _bump(self.buckets[1], h, tally, step)
+        trend = tally.trend
+        for i, f in enumerate(factors):
+            trend[i] += f
+        dirty = self.dirty
+        minutes = dirty.get(tally)
+        if minutes is None:
+            dirty[tally] = m
+        elif isinstance(minutes, int):
+            if minutes != m:
+                dirty[tally] = {minutes, m}
+        else:
+            minutes.add(m)
+        if scope.orders:
+            scope.dirty.add(entity)
+        if not tally.count:  # a purge took its last signal: gone, as from a recompute
+            self._forget(tally)
+
+    def _forget(self, tally: Tally) -> None:
+        scope = tally.scope
+        self.dirty.pop(tally, None)
+        self.vanished.append((tally.entity, scope.slot))
+        del scope.tallies[tally.entity]
+        mine = self.by_entity[tally.entity]
+        mine.remove(tally)
+        if not mine:
+            del self.by_entity[tally.entity]
+        self.tallies -= 1
+        if scope.orders:
+            scope.dirty.add(tally.entity)
+        if not scope.tallies and not scope.orders:
+            del self.scopes[scope.slot]
+
+    def take_dirty(self) -> tuple[Dirty, list[tuple[str, Slot]]]:
+        """What the next checkpoint writes; the board starts afresh."""
+        dirty, vanished = self.dirty, self.vanished
+        self.dirty, self.vanished = {}, []
+        return dirty, vanished
+
+    def put_back(self, dirty: Dirty, vanished: list[tuple[str, Slot]]) -> None:
+        """A checkpoint that did not commit: its share is due again."""
+        for tally, minutes in dirty.items():
+            if tally.count:  # else it vanished since, and is listed so
+                mine = self.dirty.get(tally)
+                got = {minutes} if isinstance(minutes, int) else set(minutes)
+                if mine is not None:
+                    got |= {mine} if isinstance(mine, int) else mine
+                self.dirty[tally] = got
+        self.vanished[:0] = vanished
+
+    def keep_cohorts(self, ids: set[int]) -> None:
+        """Cohorts dropped or redefined lose their tallies (an id is never used again)."""
+        gone = [s for slot, s in self.scopes.items() if slot[0] == COHORT and slot[1] not in ids]
+        for scope in gone:
+            for tally in list(scope.tallies.values()):
+                self._forget(tally)
+            self.scopes.pop(scope.slot, None)
+        if gone:
+            lost = set(gone)
+            for tier in self.buckets:
+                for bucket in tier.values():
+                    for tally in [t for t in bucket if t.scope in lost]:
+                        del bucket[tally]
+
+    def advance(self, now_ns: int) -> None:
+        """Slide every window to ``now_ns``: each bucket that leaves one is taken off."""
+        self._slide(0, now_ns // MINUTE_NS, ((0, 60), (1, 1440)))
+        self._slide(1, now_ns // HOUR_NS, ((2, 168), (3, 720)))
+
+    def _slide(self, tier: int, current: int, leaving: tuple[tuple[int, int], ...]) -> None:
+        was = self.minute if tier == 0 else self.hour
+        if current <= was:
+            return
+        buckets = self.buckets[tier]
+        for window, n in leaving:
+            # the buckets in (was - n, current - n] leave the window
+            if current - was <= n:
+                gone: Iterable[int] = range(was - n + 1, current - n + 1)
+            else:
+                gone = sorted(b for b in buckets if was - n < b <= current - n)
+            for b in gone:
+                bucket = buckets.get(b)
+                if bucket is None:
+                    continue
+                for tally, entry in bucket.items():
+                    tally.shift(window, -int(entry.real), -entry.imag)
+                    if tally.scope.orders:
+                        tally.scope.dirty.add(tally.entity)
+        for b in [b for b in buckets if b <= current - _KEEP[tier]]:
+            del buckets[b]
+        if tier == 0:
+            self.minute = current
+        else:
+            self.hour = current
+
+    # -- boot ------------------------------------------------------------------
+
+    def load(self, slot: Slot, entity: str, count: int, weight: float) -> Tally:
+        """A tally as the aggregates table holds it (all-time), before its buckets."""
+        scope = self.scopes.get(slot)
+        if scope is None:
+            scope = self.scopes[slot] = Scope(slot)
+        tally = scope.tallies.get(entity)
+        if tally is None:
+            tally = scope.tallies[entity] = Tally(entity, scope, len(self.decay))
+            self.by_entity.setdefault(entity, []).append(tally)
+            self.tallies += 1
+        tally.count += count
+        tally.weight += weight
+        return tally
+
+    def load_bucket(self, tally: Tally, tier: int, bucket: int, count: int, weight: float) -> None:
+        """A persisted bucket (tier 0, 1) or decayed sum (tier 2: ``bucket`` is the half-life)."""
+        if tier == 2:
+            for i, (hl, _) in enumerate(self.decay):
+                if hl == bucket:
+                    tally.trend[i] += weight
+            return
+        current = self.minute if tier == 0 else self.hour
+        if bucket <= current - _KEEP[tier] or not count:
+            return
+        _bump(self.buckets[tier], bucket, tally, complex(count, weight))
+        for window in (0, 1) if tier == 0 else (2, 3):
+            if windows.holds(window, bucket, current):
+                tally.shift(window, count, weight)
+
+
+def from_row(row: Sequence[Any]) -> Contribution:
+    """What a ledger row (seq, entity, kind, weight, forwarded, context, at_ns) adds."""
+    _, entity, kind, weight, forwarded, context, at_ns = row
+    communities, _, cohorts = ledger.decode(context if forwarded else None)
+    return (entity, kind, 1, ledger.row_weight(weight), at_ns, cohorts, communities, True)
+
+
+def fill(
+    board: Board,
+    aggregates: Iterable[tuple[str, int, int, str, str, int, float]],
+    buckets: Iterable[tuple[str, int, int, str, str, int, int, int, float]],
+    cohort_ids: set[int],
+) -> None:
+    """The board as the tables hold it at boot (dropped cohorts' rows left out)."""
+    for entity, layer, cohort, name, kind, count, weight in aggregates:
+        if not count or (layer == COHORT and cohort not in cohort_ids):
+            continue
+        board.load((layer, cohort if layer == COHORT else name, kind), entity, count, weight)
+    scopes = board.scopes
+    for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
+        scope = scopes.get((layer, cohort if layer == COHORT else name, kind))
+        tally = None if scope is None else scope.tallies.get(entity)
+        if tally is not None:  # else emptied, or of a cohort dropped
+            board.load_bucket(tally, tier, bucket, count, weight)
+
+
+def _bump(tier: dict[int, Bucket], b: int, tally: Tally, step: complex) -> None:
+    bucket = tier.get(b)
+    if bucket is None:
+        bucket = tier[b] = {}
+    entry = bucket.get(tally, 0j) + step
+    if entry.real:
+        bucket[tally] = entry
+    else:
+        bucket.pop(tally, None)  # no signal left in it

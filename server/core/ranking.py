@@ -1,0 +1,261 @@
+"""Ranked reads over the board: the top of one (layer, key, kind) by count, weight or
+trend, a page at a time, and an entity's counts in a window.
+
+An order (one per scope, per score, per window or half-life) is a sorted list of
+``(-score, entity)``, built when first read and kept: each read first moves the
+entities changed since the last (``Scope.dirty``), so its cost follows what
+changed, not how many entities there are. A page starts past the last pair of
+the one before, so pages neither repeat nor skip while nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
+
+import msgpack
+from sortedcontainers import SortedList
+
+from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
+from tidal.server.errors import InvalidParams
+
+from . import params, windows
+from .board import Board, Scope, Tally
+from .counts import CountsRead
+from .ledger import COHORT, COMMUNITY, LEDGER, Slot
+
+BY: Final = ("count", "weight", "trend")
+COUNT, WEIGHT, TREND = 0, 1, 2
+
+
+class Order:
+    """The tallies of a scope with signals in the window, highest score first, then by entity."""
+
+    __slots__ = ("by", "keys", "ranked", "which")
+
+    def __init__(self, by: int, which: int, tallies: dict[str, Tally]) -> None:
+        self.by = by
+        self.which = which  # a window (-1: all) or, for trend, a half-life's place
+        self.keys: dict[str, tuple[float, str]] = {}
+        for entity, tally in tallies.items():
+            key = self.key(tally)
+            if key is not None:
+                self.keys[entity] = (key, entity)
+        self.ranked: SortedList[tuple[float, str]] = SortedList(self.keys.values())
+
+    def key(self, tally: Tally) -> float | None:
+        if self.by == TREND:
+            return -tally.trend[self.which]
+        count, weight = tally.window(self.which)
+        if not count:
+            return None
+        return -count if self.by == COUNT else -weight
+
+    def update(self, entity: str, tally: Tally | None) -> None:
+        old = self.keys.pop(entity, None)
+        if old is not None:
+            self.ranked.remove(old)
+        key = None if tally is None else self.key(tally)
+        if key is not None:
+            new = self.keys[entity] = (key, entity)
+            self.ranked.add(new)
+
+
+def order(scope: Scope, by: int, which: int) -> Order:
+    """``scope``'s order by ``by``, up to date with every change taken in."""
+    if scope.dirty:
+        for entity in scope.dirty:
+            tally = scope.tallies.get(entity)
+            for kept in scope.orders.values():
+                kept.update(entity, tally)
+        scope.dirty.clear()
+    kept = scope.orders.get((by, which))
+    if kept is None:
+        kept = scope.orders[(by, which)] = Order(by, which, scope.tallies)
+    assert isinstance(kept, Order)
+    return kept
+
+
+def top(board: Board, slot: Slot, by: int, which: int, limit: int, after: tuple[Any, str] | None,
+        as_of_ns: int) -> dict[str, Any]:  # fmt: skip
+    """A page of the ranking, as ``top`` answers it. The board has been advanced to
+    ``as_of_ns``."""
+    scope = board.scope(slot)
+    if scope is None:
+        return {"entities": [], "next": None, "as_of_ns": as_of_ns}
+    kept = order(scope, by, which)
+    pairs = (
+        kept.ranked.irange(minimum=after, inclusive=(False, False))
+        if after is not None
+        else iter(kept.ranked)
+    )
+    factor = 1.0
+    if by == TREND:
+        half_life, base = board.decay[which]
+        factor = windows.score_factor(as_of_ns, base, half_life)
+    entities: list[dict[str, Any]] = []
+    last: tuple[Any, str] | None = None
+    more = False
+    for pair in pairs:
+        if len(entities) == limit:
+            more = True
+            break
+        tally = scope.tallies[pair[1]]
+        count, weight = tally.window(-1 if by == TREND else which)
+        score = float(count) if by == COUNT else weight if by == WEIGHT else -pair[0] * factor
+        entities.append({"entity": pair[1], "count": count, "weight": weight, "score": score})
+        last = pair
+    cursor = _cursor(by, which, last) if more and last is not None else None
+    return {"entities": entities, "next": cursor, "as_of_ns": as_of_ns}
+
+
+def _cursor(by: int, which: int, last: tuple[Any, str]) -> bytes:
+    return msgpack.packb([by, which, last[0], last[1]], use_bin_type=True)
+
+
+def read_cursor(value: object, by: int, which: int) -> tuple[Any, str]:
+    """The ``next`` of a previous page of the same ranking, given back as ``after``."""
+    wrong = InvalidParams(
+        "options.after: must be the 'next' of a previous top reply with the same layer,"
+        " name, kind, by, window and half_life"
+    )
+    if type(value) is not bytes or len(value) > 1024:
+        raise wrong
+    try:
+        parts = msgpack.unpackb(value, raw=False, max_bin_len=0, max_ext_len=0)
+    except Exception:
+        raise wrong from None
+    if type(parts) is not list or len(parts) != 4 or parts[:2] != [by, which]:
+        raise wrong
+    key, entity = parts[2], parts[3]
+    if type(key) not in (int, float) or type(entity) is not str or key != key:
+        raise wrong
+    return (key, entity)
+
+
+def window_counts(
+    board: Board, entity: str, window: int, cohort_names: dict[int, str],
+    after: Slot | None, limit: int,
+) -> dict[str, Any]:  # fmt: skip
+    """``counts(entity, {"window": ...})``: the same page as all-time counts, from the board."""
+    totals: dict[Slot, list[Any]] = {}
+    for tally in board.by_entity.get(entity, ()):
+        slot = tally.scope.slot
+        count, weight = tally.window(window)
+        if count and (after is None or slot > after):
+            totals[slot] = [count, weight]
+    return CountsRead(entity, cohort_names, None, {}, totals, [], after, limit).answer()
+
+
+LAYERS: Final = {"ledger": LEDGER, "cohort": COHORT, "community": COMMUNITY}
+_OPTIONS: Final = ("by", "window", "half_life", "limit", "after")
+TOP_LIMIT: Final = 1000
+#: what one entity adds to a reply, at most (an entity of ENTITY_MAX_BYTES, and the rest)
+TOP_ENTRY_BYTES: Final = ENTITY_MAX_BYTES + 64
+
+
+class TopRequest(NamedTuple):
+    slot: Slot
+    by: int
+    which: int
+    limit: int
+    after: tuple[Any, str] | None
+
+
+def top_request(
+    args: list[Any], cohorts: dict[str, int], decay: Sequence[tuple[int, int]], budget: int
+) -> TopRequest:
+    """``top(layer, name, kind, options={})``, checked: each argument and option by name."""
+    params.arity(args, "top", "layer, name, kind, options={}", 3, 4)
+    layer_name, name, kind_value = args[0], args[1], args[2]
+    if type(layer_name) is bytes:
+        layer_name = layer_name.decode("utf-8", "replace")
+    if layer_name not in LAYERS:
+        raise InvalidParams(
+            f"layer: must be 'ledger', 'cohort' or 'community', got {_shown(layer_name)}"
+        )
+    layer = LAYERS[layer_name]
+    key: int | str = ""
+    if layer == LEDGER:
+        if name is not None:
+            raise InvalidParams(f"name: must be nil for the ledger layer, got {_shown(name)}")
+    elif layer == COHORT:
+        cohort = params.text(name, "name", NAME_MAX_BYTES)
+        if cohort not in cohorts:
+            raise InvalidParams(f"name: no cohort named {cohort!r} (see cohorts())")
+        key = cohorts[cohort]
+    else:
+        key = params.text(name, "name", NAME_MAX_BYTES)
+    kind = params.text(kind_value, "kind", KIND_MAX_BYTES)
+    options = args[3] if len(args) > 3 and args[3] is not None else {}
+    if type(options) is not dict:
+        raise InvalidParams(f"options: must be a map, got {params.describe(options)}")
+    given: dict[str, Any] = {}
+    for raw, value in options.items():
+        option = raw.decode("utf-8", "replace") if type(raw) is bytes else raw
+        if option not in _OPTIONS:
+            raise InvalidParams(
+                f"options: unknown option {_shown(option)}; top takes"
+                f" {', '.join(map(repr, _OPTIONS))}"
+            )
+        given[option] = value
+    by_name = given.get("by", "count")
+    if by_name not in BY:
+        raise InvalidParams(
+            f"options.by: must be 'count', 'weight' or 'trend', got {_shown(by_name)}"
+        )
+    by = BY.index(by_name)
+    if by == TREND:
+        if "window" in given:
+            raise InvalidParams("options.window: not with by 'trend' (a trend decays instead)")
+        which = _half_life(given.get("half_life"), decay)
+    else:
+        if "half_life" in given:
+            raise InvalidParams("options.half_life: only with by 'trend'")
+        which = _window(given.get("window", "all"), "options.window")
+    limit = given.get("limit", 10)
+    if type(limit) is not int or not 1 <= limit <= TOP_LIMIT:
+        raise InvalidParams(f"options.limit: must be an integer in 1..{TOP_LIMIT}")
+    after = given.get("after")
+    cursor = None if after is None else read_cursor(after, by, which)
+    # a reply never passes the message limit: a shorter page, and its cursor, instead
+    limit = max(1, min(limit, budget // TOP_ENTRY_BYTES))
+    return TopRequest((layer, key, kind), by, which, limit, cursor)
+
+
+def window_option(value: object) -> int:
+    """``counts``' ``window``: -1 for all-time, else the window's place."""
+    return _window(value, "page.window")
+
+
+def _window(value: object, where: str) -> int:
+    if type(value) is not str or value not in windows.WINDOW_NAMES:
+        raise InvalidParams(
+            f"{where}: must be one of {', '.join(map(repr, windows.WINDOW_NAMES))},"
+            f" got {_shown(value)}"
+        )
+    return windows.window_index(value)
+
+
+def _half_life(value: object, decay: Sequence[tuple[int, int]]) -> int:
+    if value is None:
+        return 0
+    offered = ", ".join(repr(windows.show_half_life(hl)) for hl, _ in decay)
+    wrong = InvalidParams(
+        f"options.half_life: must be one the server ranks trends by ({offered};"
+        f" see --trend-half-lives), got {_shown(value)}"
+    )
+    if type(value) is not str:
+        raise wrong
+    try:
+        seconds = windows.parse_half_life(value)
+    except ValueError:
+        raise wrong from None
+    for i, (hl, _) in enumerate(decay):
+        if hl == seconds:
+            return i
+    raise wrong
+
+
+def _shown(value: object) -> str:
+    return repr(value) if type(value) is str and len(value) <= 64 else params.describe(value)

@@ -1,0 +1,75 @@
+"""The reads the board answers: ``top``, and ``counts`` in a window.
+
+The board holds only what is committed, so such a read is answered at once,
+unless it must show a write not yet committed: a purge or erase read before it
+(zero window: what it withdraws is never shown, from any connection), or the
+caller's own writes. Then it is answered once the open batch has committed, by
+which time the board has taken it in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tidal.server.core import ranking
+from tidal.server.core.ledger import Slot
+from tidal.server.core.replies import Later, Replier
+
+from .state import EngineState
+
+
+class Ranked:
+    def __init__(self, engine: EngineState, clock: Callable[[], int]) -> None:
+        self._engine = engine
+        self._clock = clock
+
+    def top(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        engine = self._engine
+        names = {name: cid for cid, name in engine.cohorts.names().items()}
+        request = ranking.top_request(args, names, engine.board.decay, engine.reply_budget)
+        self._answer(conn, msgid, lambda: self._top(request))
+
+    def _top(self, request: ranking.TopRequest) -> dict[str, Any]:
+        now = self._clock()
+        board = self._engine.board
+        board.advance(now)
+        slot, by, which, limit, after = request
+        return ranking.top(board, slot, by, which, limit, after, now)
+
+    def counts(
+        self, conn: Replier, msgid: int | None, entity: str, window: int, after: Slot | None,
+        limit: int,
+    ) -> None:  # fmt: skip
+        def read() -> dict[str, Any]:
+            board = self._engine.board
+            board.advance(self._clock())
+            names = self._engine.cohorts.names()
+            return ranking.window_counts(board, entity, window, names, after, limit)
+
+        self._answer(conn, msgid, read)
+
+    def _answer(self, conn: Replier, msgid: int | None, read: Callable[[], dict[str, Any]]) -> None:
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        committer = self._engine.committer
+        batch, inflight = committer.open, committer.inflight
+        if (
+            batch.past
+            or conn in batch.writers
+            or (inflight is not None and (inflight.past or conn in inflight.writers))
+        ):
+            committer.later(conn, msgid, _Read(read))
+        else:
+            conn.reply(msgid, read())
+
+
+class _Read(Later):
+    __slots__ = ("read",)
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.read = read
+
+    def answer(self) -> dict[str, Any]:
+        return self.read()
