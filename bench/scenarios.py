@@ -141,6 +141,9 @@ def one_round(
         extra["tidal full 16x16, long"] = tidal_bench(srv, 16, 16, 5 * n)
     with tidal_server("full") as srv:
         extra["counts under 16x16 signals"] = counts_under_load(srv, n)
+    for workload in ("top", "top_window", "top_trend"):
+        with tidal_server("full") as srv:
+            extra[f"{workload} of 100,000 under 16x16 signals"] = top_under_load(srv, n, workload)
 
 
 def counts_under_load(server: Child, signals: int) -> dict[str, Any]:
@@ -160,6 +163,35 @@ def counts_under_load(server: Child, signals: int) -> dict[str, Any]:
     counts["signals_per_s_meanwhile"] = json.loads(out)["signals_per_s"]
     counts["load_outlasted_it"] = still_loaded
     return counts
+
+
+def top_under_load(server: Child, signals: int, workload: str) -> dict[str, Any]:
+    """One client reading the top 10 of a community of 100,000 entities in a closed loop,
+    while 16x16 write signals (each to one of 16 communities, the ranked one among them)."""
+    with SyncClient("127.0.0.1", server.port, timeout=60) as client:
+        for first in range(0, 100_000, 1000):
+            client.call(
+                "signal_batch",
+                [
+                    [i, f"x{i}", "view", 1.0, {"communities": ["c0"]}]
+                    for i in range(first, first + 1000)
+                ],
+            )
+    cmd = [TIDAL, "bench", "--port", str(server.port), "-c", "16", "-P", "16"]
+    load = subprocess.Popen(
+        [*cmd, "-n", str(4 * signals), "--json"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with SyncClient("127.0.0.1", server.port, timeout=60) as client:
+            while client.stats()["signals"] < 110_000:  # the load has begun
+                time.sleep(0.05)
+        top = tidal_bench(server, 1, 1, max(500, signals // 20), workload=workload)
+        still_loaded = load.poll() is None
+    finally:
+        out, _ = load.communicate(timeout=900)
+    top["signals_per_s_meanwhile"] = json.loads(out)["signals_per_s"]
+    top["load_outlasted_it"] = still_loaded
+    return top
 
 
 def machine() -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``tidal``: the one console script (serve, call, status, stats, health, backup, bench).
+"""``tidal``: the one console script (serve, call, status, stats, top, health, backup, bench).
 
 It sits above the server and the client and imports from both; neither imports it.
 """
@@ -17,6 +17,7 @@ from tidal.server.version import VERSION
 
 from . import commands
 from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
+from .workload import WORKLOADS
 
 
 def _parser() -> tuple[argparse.ArgumentParser, Settings]:
@@ -59,6 +60,26 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         if name == "status":
             sub.add_argument("user_id", type=int)
         client_options(settings, sub)
+    top = commands.add_parser(
+        "top",
+        help="print a ranking: what is most viewed, liked or trending in a layer",
+        description="tidal top community jazz view --window 24h; tidal top ledger view;"
+        " tidal top cohort germany like --by trend --half-life 6h. Exit status 1 on an"
+        " error reply (an unknown cohort, a half-life the server does not rank by).",
+    )
+    top.add_argument("layer", choices=("ledger", "cohort", "community"))
+    top.add_argument(
+        "name_and_kind",
+        nargs="+",
+        metavar="[NAME] KIND",
+        help="the cohort's or community's name (none for the ledger), then the kind",
+    )
+    top.add_argument("--by", choices=("count", "weight", "trend"), default="count")
+    top.add_argument("--window", choices=("1h", "24h", "7d", "30d", "all"), help="(default all)")
+    top.add_argument("--half-life", help="with --by trend: one of the server's --trend-half-lives")
+    top.add_argument("--limit", type=int, default=10, help="entities, 1..1000 (default 10)")
+    top.add_argument("--json", action="store_true", help="print the reply as one JSON object")
+    client_options(settings, top)
     health = commands.add_parser(
         "health",
         help="exit 0 if the server is ready and its storage takes writes, 1 otherwise",
@@ -84,9 +105,10 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     bench.add_argument("--requests", "-n", type=int, default=100_000, help="total (100000)")
     bench.add_argument(
         "--workload",
-        choices=("signal", "batch", "leave", "status", "mixed", "counts"),
+        choices=WORKLOADS,
         default="signal",
-        help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin (default signal)",
+        help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin; top, top_window (24h) and"
+        " top_trend: the top 10 of community c0 (default signal)",
     )
     bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
     bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")
@@ -124,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.readable(args)
     if args.command == "health":
         return commands.health(args)
+    if args.command == "top":
+        return commands.top(parser, args)
     return commands.call(args)
 
 

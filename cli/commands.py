@@ -1,4 +1,4 @@
-"""The client commands: call, status, stats, health, backup and bench."""
+"""The client commands: call, status, stats, top, health, backup and bench."""
 
 from __future__ import annotations
 
@@ -83,6 +83,41 @@ def call(args: argparse.Namespace) -> int:
     if status == 0:
         print(json.dumps(result, default=_json_default))
     return status
+
+
+def top(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """A ranking as a table a person reads (or, with --json, the reply as it came)."""
+    want = 1 if args.layer == "ledger" else 2
+    if len(args.name_and_kind) != want:
+        parser.error(
+            "top ledger KIND takes no name" if want == 1 else f"top {args.layer} NAME KIND"
+        )
+    name = None if want == 1 else args.name_and_kind[0]
+    options: dict[str, Any] = {"limit": args.limit}
+    if args.by != "count":
+        options["by"] = args.by
+    if args.window is not None:
+        options["window"] = args.window
+    if args.half_life is not None:
+        options["half_life"] = args.half_life
+    status, result = _remote(args, "top", [args.layer, name, args.name_and_kind[-1], options])
+    if status != 0:
+        return status
+    if args.json:  # the cursor is bytes: shown in hex
+        print(json.dumps({**result, "next": result["next"] and result["next"].hex()}))
+        return 0
+    rows = [("rank", "entity", "count", "weight", "score")]
+    for rank, e in enumerate(result["entities"], 1):
+        score = f"{e['score']:,.0f}" if args.by == "count" else f"{e['score']:,.6g}"
+        rows.append((str(rank), e["entity"], f"{e['count']:,}", f"{e['weight']:,.6g}", score))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) if i == 1 else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(row, widths, strict=True))))  # fmt: skip
+    if len(rows) == 1:
+        print("(nothing counted here yet)")
+    print(f"as of {_iso(result['as_of_ns'])}" + (", more after these" if result["next"] else ""))
+    return 0
 
 
 def health(args: argparse.Namespace) -> int:

@@ -7,8 +7,14 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-Workload = Literal["signal", "batch", "leave", "status", "mixed", "counts"]
-WORKLOADS: Final = ("signal", "batch", "leave", "status", "mixed", "counts")
+Workload = Literal[
+    "signal", "batch", "leave", "status", "mixed", "counts", "top", "top_window", "top_trend"
+]
+WORKLOADS: Final = (
+    "signal", "batch", "leave", "status", "mixed", "counts", "top", "top_window", "top_trend"
+)  # fmt: skip
+#: what the top workloads read: community c0 (signals name c{user % 16}), view
+TOP_OPTIONS: Final = {"top": {}, "top_window": {"window": "24h"}, "top_trend": {"by": "trend"}}
 COUNTRIES: Final = ("DE", "FR", "US", "JP")
 
 
@@ -53,6 +59,8 @@ def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]
             out.append(["status", [rng.randrange(cfg.users)]])
         elif cfg.workload == "counts":
             out.append(["counts", [f"e{rng.randrange(cfg.entities)}"]])
+        elif cfg.workload in TOP_OPTIONS:
+            out.append(["top", ["community", "c0", "view", TOP_OPTIONS[cfg.workload]]])
         elif cfg.workload == "leave":
             out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
         else:  # mixed: 95% signal, 4% status, 1% leave or rejoin

@@ -20,7 +20,18 @@ from .errors import (
     Unavailable,
 )
 from .sync import SyncClient
-from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Tally, Withdrawn
+from .types import (
+    Counts,
+    Event,
+    LeftUsers,
+    Membership,
+    Ranked,
+    Signal,
+    SignalAck,
+    Tally,
+    Top,
+    Withdrawn,
+)
 
 __all__ = [
     "CallTimeout",
@@ -38,6 +49,7 @@ __all__ = [
     "Membership",
     "MethodNotFound",
     "ParseError",
+    "Ranked",
     "RequestTooLarge",
     "ServerError",
     "Signal",
@@ -46,6 +58,7 @@ __all__ = [
     "Tally",
     "TidalError",
     "TooLarge",
+    "Top",
     "Unauthorized",
     "Unavailable",
     "Withdrawn",

@@ -56,9 +56,10 @@ def signal(
     communities: Iterable[str] | None,
     attrs: Mapping[str, Scalar] | None,
     key: str | None,
+    at_ns: int | None = None,
 ) -> Call:
     params: list[Any] = [checked_user_id(user_id), entity, kind, weight]
-    context = _context(list(communities) if communities else None, attrs, key)
+    context = _context(list(communities) if communities else None, attrs, key, at_ns)
     if context:
         params.append(context)
     return Call("signal", params, key is not None)
@@ -103,7 +104,13 @@ def read(method: str, *params: Any) -> Call:
     return Call(method, list(params), True)
 
 
-def next_page(method: str, first: Any, result: dict[str, Any], into: dict[str, Any]) -> Call | None:
+def next_page(
+    method: str,
+    first: Any,
+    result: dict[str, Any],
+    into: dict[str, Any],
+    page: dict[str, Any] | None = None,
+) -> Call | None:
     """Merge one page of ``counts`` or ``cohorts`` into ``into``; the call for the next
     page, or None after the last. Pages are read one after another: together they are
     not one snapshot if writes land in between."""
@@ -121,8 +128,46 @@ def next_page(method: str, first: Any, result: dict[str, Any], into: dict[str, A
         more = result.get("more")
     if more is None:
         return None
-    page = {"after": more}
+    page = {**(page or {}), "after": more}
     return read(method, page) if first is None else read(method, first, page)
+
+
+def counts(entity: str, window: str | None) -> Call:
+    return read("counts", entity) if window is None else read("counts", entity, {"window": window})
+
+
+#: the most entities one ``top`` reply holds; the clients read more a page at a time
+TOP_PAGE = 1000
+
+
+class TopPages:
+    """A ``top`` of any ``limit``, read a page at a time with ``after``. Pages are read one
+    after another: together they are not one snapshot if writes land in between."""
+
+    def __init__(self, layer: str, name: str | None, kind: str, options: dict[str, Any],
+                 limit: int) -> None:  # fmt: skip
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument(f"limit: must be an integer of 1 or more, got {limit!r}")
+        self._head = [layer, name, kind]
+        self._options = {k: v for k, v in options.items() if v is not None}
+        self._limit = limit
+        self.entities: list[dict[str, Any]] = []
+        self.next: bytes | None = None
+        self.as_of_ns = 0
+
+    def call(self) -> Call:
+        options = {**self._options, "limit": min(self._limit - len(self.entities), TOP_PAGE)}
+        return read("top", *self._head, options)
+
+    def took(self, page: dict[str, Any]) -> Call | None:
+        """One page in; the call for the next, or None when done."""
+        self.entities += page["entities"]
+        self.next = page["next"]
+        self.as_of_ns = self.as_of_ns or page["as_of_ns"]
+        if self.next is None or len(self.entities) >= self._limit:
+            return None
+        self._options["after"] = self.next
+        return self.call()
 
 
 def checked_user_id(value: int) -> int:

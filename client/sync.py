@@ -32,6 +32,7 @@ from .types import (
     Scalar,
     Signal,
     SignalAck,
+    Top,
     Withdrawn,
 )
 
@@ -134,9 +135,10 @@ class SyncClient:
         communities: Iterable[str] | None = None,
         attrs: Mapping[str, Scalar] | None = None,
         key: str | None = None,
+        at_ns: int | None = None,
     ) -> SignalAck:
         key = requests.key_for(key, self._auto_keys)
-        call = requests.signal(user_id, entity, kind, weight, communities, attrs, key)
+        call = requests.signal(user_id, entity, kind, weight, communities, attrs, key, at_ns)
         return SignalAck.from_wire(self._send(call))
 
     def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
@@ -183,14 +185,43 @@ class SyncClient:
         """Every cohort, read in pages that each fit a message."""
         return self._pages("cohorts", None, requests.read("cohorts", {}))
 
-    def counts(self, entity: str) -> Counts:
-        """An entity's aggregates, all of them: a busy entity's are read in pages."""
-        return Counts.from_wire(self._pages("counts", entity, requests.read("counts", entity)))
+    def counts(self, entity: str, window: str | None = None) -> Counts:
+        """An entity's aggregates, all of them: a busy entity's are read in pages. With
+        ``window`` ("1h", "24h", "7d", "30d"), only signals whose event time is in it."""
+        page = None if window is None else {"window": window}
+        return Counts.from_wire(
+            self._pages("counts", entity, requests.counts(entity, window), page)
+        )
 
-    def _pages(self, method: str, first: Any, call: requests.Call | None) -> dict[str, Any]:
+    def top(
+        self,
+        layer: str,
+        name: str | None,
+        kind: str,
+        *,
+        by: str = "count",
+        window: str | None = None,
+        half_life: str | None = None,
+        limit: int = 10,
+        after: bytes | None = None,
+    ) -> Top:
+        """The ``limit`` entities with the highest score in one layer ("ledger",
+        "cohort", "community"; ``name`` the cohort's or community's, None for the
+        ledger): by "count", "weight" or "trend" (decayed by ``half_life``). More than
+        one page's worth is read a page at a time; ``after`` reads on from a ``next``."""
+        options = {"by": by, "window": window, "half_life": half_life, "after": after}
+        pages = requests.TopPages(layer, name, kind, options, limit)
+        call: Call | None = pages.call()
+        while call is not None:
+            call = pages.took(self._send(call))
+        return Top.from_wire(pages.entities, pages.next, pages.as_of_ns)
+
+    def _pages(
+        self, method: str, first: Any, call: Call | None, page: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         into: dict[str, Any] = {}
         while call is not None:
-            call = requests.next_page(method, first, self._send(call), into)
+            call = requests.next_page(method, first, self._send(call), into, page)
         return into
 
     def stats(self) -> dict[str, Any]:

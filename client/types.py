@@ -104,6 +104,32 @@ class Counts:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One entity of a ``top``: its count and weight (in the window; all-time for a trend),
+    and the score it is ranked by."""
+
+    entity: str
+    count: int
+    weight: float
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Top:
+    """A ranking, highest score first, then by entity. ``next`` is the ``after`` that
+    reads on from here (None at the end); scores are as of ``as_of_ns``."""
+
+    entities: list[Ranked]
+    next: bytes | None
+    as_of_ns: int
+
+    @classmethod
+    def from_wire(cls, entities: list[dict[str, Any]], next: bytes | None, as_of_ns: int) -> Top:
+        ranked = [Ranked(e["entity"], e["count"], e["weight"], e["score"]) for e in entities]
+        return cls(ranked, next, as_of_ns)
+
+
 class Signal(NamedTuple):
     """One item of ``signal_batch``."""
 
@@ -114,10 +140,11 @@ class Signal(NamedTuple):
     communities: tuple[str, ...] | list[str] = ()
     attrs: Mapping[str, Scalar] | None = None
     key: str | None = None  # idempotency key (context "id")
+    at_ns: int | None = None  # when it happened, if not when the server reads it
 
     def wire(self) -> list[Any]:
         item: list[Any] = [self.user_id, self.entity, self.kind, self.weight]
-        context = _context(self.communities, self.attrs, self.key)
+        context = _context(self.communities, self.attrs, self.key, self.at_ns)
         if context:
             item.append(context)
         return item
@@ -127,6 +154,7 @@ def _context(
     communities: tuple[str, ...] | list[str] | None,
     attrs: Mapping[str, Scalar] | None,
     key: str | None = None,
+    at_ns: int | None = None,
 ) -> dict[str, Any]:
     context: dict[str, Any] = {}
     if communities:
@@ -135,4 +163,6 @@ def _context(
         context["attrs"] = attrs
     if key is not None:
         context["id"] = key
+    if at_ns is not None:
+        context["at_ns"] = at_ns
     return context
