@@ -330,3 +330,24 @@ async def test_tidal_top_prints_a_table_and_json(process: ServerProcess) -> None
     assert done.returncode == 1 and "no cohort named 'nope'" in done.stderr
     done = await asyncio.to_thread(tidal_top, process.port, "ledger", "x", "view")
     assert done.returncode == 2 and "takes no name" in done.stderr
+
+
+async def test_a_boot_long_after_moves_the_trend_base_and_keeps_the_scores(
+    database: Database,
+) -> None:
+    """Sums grow as 2**(age of the base / half-life): a boot 200 half-lives on moves the
+    base, scaling every sum by an exact power of two, and the scores stay what they are."""
+    now = [1_700_000_000 * 10**9]
+    config = Config(port=0, db=database.target, trend_half_lives="1h")
+    for step in range(3):
+        server = Server(config, clock=lambda: now[0])
+        await server.start()
+        async with await Client.connect(*server.address) as c:
+            await c.signal(1, f"song{step}", "view", 2.0, communities=["jazz"])
+            top = await c.top("community", "jazz", "view", by="trend")
+            assert len(top.entities) == step + 1
+            for r in top.entities:
+                age_h = (step - int(r.entity[-1])) * 200
+                assert math.isclose(r.score, 2.0 * 2.0**-age_h, rel_tol=1e-9), (r, age_h)
+        await server.shutdown()
+        now[0] += 200 * HOUR

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .board import Board, Contribution, Dirty
+from .board import Board, Changed, Contribution
 from .counts import CountsRead, Deltas
-from .ledger import Row, Slot
+from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
 
@@ -37,8 +37,7 @@ class Batch:
     #: writer writes them as the board holds them, all committed before this batch (the
     #: board holds only what is committed, and takes nothing in while this commits)
     board_state: Board | None = None
-    board_dirty: Dirty = field(default_factory=dict)
-    board_vanished: list[tuple[str, Slot]] = field(default_factory=list)
+    board_changed: Changed | None = None
     decay: list[tuple[int, int]] = field(default_factory=list)  # the board's, for the writer
     now_ns: int = 0  # when the writer took it: which buckets are still kept
     users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py

@@ -17,7 +17,7 @@ signals in (a day of minutes, 30 days of hours). The rules of time are in
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from . import ledger, windows
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
@@ -30,9 +30,9 @@ Contribution: TypeAlias = tuple[str, str, int, float, int, Sequence[int], Sequen
 
 #: count + weight·i per tally in one bucket: one small object (a count is exact as a double)
 Bucket: TypeAlias = dict["Tally", complex]
-#: the tallies changed since the last checkpoint, and the minute (or minutes) changed: the
-#: next checkpoint writes their buckets and decayed sums as they then are
-Dirty: TypeAlias = dict["Tally", "int | set[int]"]
+#: the tallies changed since the last checkpoint, and the first minute changed (others in
+#: ``Board.moved``): the next checkpoint writes their buckets and sums as they then are
+Dirty: TypeAlias = dict["Tally", int]
 
 #: the tiers' bucket maps are kept this far back (and the windows read no further)
 _KEEP: Final = tuple(n for _, n in windows.TIERS)
@@ -107,6 +107,15 @@ class Scope:
         self.orders: dict[tuple[int, int], Any] = {}
 
 
+class Changed(NamedTuple):
+    """What a checkpoint writes of the board: tallies changed (with a minute each, and
+    more minutes in ``moved``), and the aggregates gone."""
+
+    dirty: Dirty
+    moved: set[tuple[Tally, int]]
+    vanished: list[tuple[str, Slot]]
+
+
 class Board:
     def __init__(self, decay: Sequence[tuple[int, int]], now_ns: int) -> None:
         self.decay = list(decay)  # (half-life in s, base in ns), as persisted
@@ -117,6 +126,7 @@ class Board:
         self.buckets: tuple[dict[int, Bucket], dict[int, Bucket]] = ({}, {})
         #: what changed since the last checkpoint (see ``Dirty``), and the aggregates gone
         self.dirty: Dirty = {}
+        self.moved: set[tuple[Tally, int]] = set()
         self.vanished: list[tuple[str, Slot]] = []
         self.tallies = 0
 
@@ -128,22 +138,36 @@ class Board:
     def add(self, rows: Iterable[Contribution]) -> None:
         """Committed signals in, or (count -1) what a committed withdrawal took off."""
         minute, hour = self.minute, self.hour
+        keep_minute, keep_hour = minute - _KEEP[0], hour - _KEEP[1]
+        minutes, hours = self.buckets
         decay = self.decay
+        one = self._one
         for entity, kind, sign, weight, at_ns, cohorts, communities, ledger_too in rows:
-            bits = windows.mask(at_ns, minute, hour)
             m = at_ns // MINUTE_NS
             h = at_ns // HOUR_NS
+            bits = windows.ALL_WINDOWS if m > minute - 60 else windows.mask(at_ns, minute, hour)
+            mb: Bucket | None = None  # the buckets it falls in, if still kept
+            if m > keep_minute:
+                mb = minutes.get(m)
+                if mb is None:
+                    mb = minutes[m] = {}
+            hb: Bucket | None = None
+            if h > keep_hour:
+                hb = hours.get(h)
+                if hb is None:
+                    hb = hours[h] = {}
+            step = complex(sign, weight)
             factors = [weight * windows.decay_factor(at_ns, base, hl) for hl, base in decay]
-            one = self._one
             if ledger_too:
-                one((LEDGER, "", kind), entity, sign, weight, bits, m, h, factors)
+                one((LEDGER, "", kind), entity, sign, weight, bits, m, mb, hb, step, factors)
             for cid in cohorts:
-                one((COHORT, cid, kind), entity, sign, weight, bits, m, h, factors)
+                one((COHORT, cid, kind), entity, sign, weight, bits, m, mb, hb, step, factors)
             for name in communities:
-                one((COMMUNITY, name, kind), entity, sign, weight, bits, m, h, factors)
+                one((COMMUNITY, name, kind), entity, sign, weight, bits, m, mb, hb, step, factors)
 
     def _one(self, slot: Slot, entity: str, sign: int, weight: float, bits: int, m: int,
-             h: int, factors: list[float]) -> None:  # fmt: skip
+             mb: Bucket | None, hb: Bucket | None, step: complex,
+             factors: list[float]) -> None:  # fmt: skip
         scope = self.scopes.get(slot)
         if scope is None:
             if sign < 0:
@@ -171,23 +195,18 @@ class Board:
             for i in range(4):
                 if bits >> i & 1:
                     tally.shift(i, sign, weight)
-        step = complex(sign, weight)
-        if m > self.minute - _KEEP[0]:
-            _bump(self.buckets[0], m, tally, step)
-        if h > self.hour - _KEEP[1]:
-            _bump(self.buckets[1], h, tally, step)
+        if mb is not None:
+            _bump(mb, tally, step)
+        if hb is not None:
+            _bump(hb, tally, step)
         trend = tally.trend
         for i, f in enumerate(factors):
             trend[i] += f
-        dirty = self.dirty
-        minutes = dirty.get(tally)
-        if minutes is None:
-            dirty[tally] = m
-        elif isinstance(minutes, int):
-            if minutes != m:
-                dirty[tally] = {minutes, m}
-        else:
-            minutes.add(m)
+        first = self.dirty.get(tally)
+        if first is None:
+            self.dirty[tally] = m
+        elif first != m:
+            self.moved.add((tally, m))
         if scope.orders:
             scope.dirty.add(entity)
         if not tally.count:  # a purge took its last signal: gone, as from a recompute
@@ -208,22 +227,23 @@ class Board:
         if not scope.tallies and not scope.orders:
             del self.scopes[scope.slot]
 
-    def take_dirty(self) -> tuple[Dirty, list[tuple[str, Slot]]]:
+    def take_dirty(self) -> Changed:
         """What the next checkpoint writes; the board starts afresh."""
-        dirty, vanished = self.dirty, self.vanished
-        self.dirty, self.vanished = {}, []
-        return dirty, vanished
+        changed = Changed(self.dirty, self.moved, self.vanished)
+        self.dirty, self.moved, self.vanished = {}, set(), []
+        return changed
 
-    def put_back(self, dirty: Dirty, vanished: list[tuple[str, Slot]]) -> None:
+    def put_back(self, changed: Changed) -> None:
         """A checkpoint that did not commit: its share is due again."""
-        for tally, minutes in dirty.items():
+        for tally, m in changed.dirty.items():
             if tally.count:  # else it vanished since, and is listed so
-                mine = self.dirty.get(tally)
-                got = {minutes} if isinstance(minutes, int) else set(minutes)
-                if mine is not None:
-                    got |= {mine} if isinstance(mine, int) else mine
-                self.dirty[tally] = got
-        self.vanished[:0] = vanished
+                first = self.dirty.get(tally)
+                if first is None:
+                    self.dirty[tally] = m
+                elif first != m:
+                    self.moved.add((tally, m))
+        self.moved |= changed.moved
+        self.vanished[:0] = changed.vanished
 
     def keep_cohorts(self, ids: set[int]) -> None:
         """Cohorts dropped or redefined lose their tallies (an id is never used again)."""
@@ -296,7 +316,11 @@ class Board:
         current = self.minute if tier == 0 else self.hour
         if bucket <= current - _KEEP[tier] or not count:
             return
-        _bump(self.buckets[tier], bucket, tally, complex(count, weight))
+        tier_buckets = self.buckets[tier]
+        into = tier_buckets.get(bucket)
+        if into is None:
+            into = tier_buckets[bucket] = {}
+        _bump(into, tally, complex(count, weight))
         for window in (0, 1) if tier == 0 else (2, 3):
             if windows.holds(window, bucket, current):
                 tally.shift(window, count, weight)
@@ -328,10 +352,7 @@ def fill(
             board.load_bucket(tally, tier, bucket, count, weight)
 
 
-def _bump(tier: dict[int, Bucket], b: int, tally: Tally, step: complex) -> None:
-    bucket = tier.get(b)
-    if bucket is None:
-        bucket = tier[b] = {}
+def _bump(bucket: Bucket, tally: Tally, step: complex) -> None:
     entry = bucket.get(tally, 0j) + step
     if entry.real:
         bucket[tally] = entry

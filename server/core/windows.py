@@ -13,14 +13,18 @@ Trend is forward decay (Cormode et al., 2009): each signal adds
 that the order of scores never changes as time passes and nothing is visited to
 age them; the score at ``as_of`` is that sum times ``2**((base - as_of) /
 half_life)``, which is exactly ``sum(weight * 2**(-(as_of - at) / half_life))``.
-The base lies ``BASE_AHEAD`` half-lives past the first boot: a fresh signal then
-adds about 2**-500, and the sums stay within a double's range for about 1,000
-half-lives after it (41 days at 1h, 250 at 6h); a signal older than about 500
-half-lives before the base's day decays to 0 (below 2**-1000 of a fresh one).
+The base lies ``BASE_AHEAD`` half-lives past the boot that set it: a fresh signal
+then adds about 2**-500, and the sums stay within a double's range for about 1,000
+half-lives after it; a boot more than ``STALE_AFTER`` half-lives past the base
+moves it (the sums scaled by an exact power of two). So a server must be restarted
+within about 1,000 half-lives of a boot (41 days at 1h, 250 at 6h). A signal more
+than about 500 half-lives older than the base decays to 0 (below 2**-1000 of a
+fresh one).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 MINUTE_NS: Final = 60 * 10**9
@@ -36,6 +40,7 @@ WINDOW_NAMES: Final = ("all", *(name for name, _, _ in WINDOWS))
 TIERS: Final = ((MINUTE_NS, 1440), (HOUR_NS, 720))
 ALL_WINDOWS: Final = 0b1111
 BASE_AHEAD: Final = 500
+STALE_AFTER: Final = 100  # half-lives past the base: moved at the next boot
 DEFAULT_HALF_LIFE: Final = 6 * 3600  # s
 
 
@@ -84,6 +89,17 @@ def first_base(now_ns: int, half_life_s: int) -> int:
     """Where a half-life's forward decay starts: ``BASE_AHEAD`` half-lives from now, in ns."""
     step = half_life_s * 10**9
     return (now_ns // step + BASE_AHEAD) * step
+
+
+def stale(base_ns: int, now_ns: int, half_life_s: int) -> bool:
+    """Whether a base is far enough behind ``now_ns`` to move, at boot (sums grow as
+    2**((now - base) / half_life) and stay finite for about 1,000 half-lives past it)."""
+    return (now_ns - base_ns) / (half_life_s * 1e9) > STALE_AFTER
+
+
+def rebase_factor(old_ns: int, new_ns: int, half_life_s: int) -> float:
+    """What turns a sum at base ``old_ns`` into one at ``new_ns``: a power of two, exact."""
+    return math.ldexp(1.0, -((new_ns - old_ns) // (half_life_s * 10**9)))
 
 
 def decay_factor(at_ns: int, base_ns: int, half_life_s: int) -> float:

@@ -256,7 +256,8 @@ class Engine:
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
-        if not self.aggregates.live and not self.board.dirty and not self.board.vanished:
+        board = self.board
+        if not self.aggregates.live and not board.dirty and not board.vanished:
             return False
         self._checkpoint(batch, self._next_seq - 1)
         return True
@@ -269,7 +270,7 @@ class Engine:
         # the board's share: all committed before this batch (to first_seq - 1)
         board = self.board
         batch.board_state = board
-        batch.board_dirty, batch.board_vanished = board.take_dirty()
+        batch.board_changed = board.take_dirty()
 
     def committed(self, batch: Batch) -> None:
         if batch.checkpoint is not None:
@@ -308,7 +309,8 @@ class Engine:
     def failed(self, batch: Batch, later: Batch) -> None:
         if batch.checkpoint is not None:
             self.aggregates.end_checkpoint(committed=False)
-            self.board.put_back(batch.board_dirty, batch.board_vanished)
+            assert batch.board_changed is not None
+            self.board.put_back(batch.board_changed)
         # their signals were counted when read: what the disk refused is taken back off
         self.aggregates.withdraw(self.aggregates.uncount([*batch.ledger, *later.ledger]))
         self._next_seq = batch.first_seq

@@ -20,8 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from tidal.server.core import windows
-from tidal.server.core.batch import Batch
-from tidal.server.core.board import Board, Contribution
+from tidal.server.core.board import Board, Changed, Contribution, Tally
 from tidal.server.core.ledger import COHORT, COMMUNITY, LEDGER, Slot
 
 from .sqlbulk import Bulk, Exec, Many, Plan, Rows, put_guarded
@@ -109,33 +108,38 @@ def rows(
     return [(*key, count, weight) for key, (count, weight) in sums.items()]
 
 
-def checkpoint(batch: Batch, board: Board) -> Plan[None]:
+def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
     """A checkpoint's share: the buckets and decayed sums of the tallies changed since the
     last, as the board holds them (it takes nothing in while this batch commits: see
     ``engine``), and the aggregates gone; then the buckets no window reads any more, out.
     Written as they are, over what the table held: a purge's share written in between
     is in them too."""
-    old_minute, old_hour = horizons(batch.now_ns)
+    old_minute, old_hour = horizons(now_ns)
     minutes, hours = board.buckets
     rows: list[tuple[Any, ...]] = []
-    emptied: list[tuple[Any, ...]] = [_columns(e, slot) for e, slot in batch.board_vanished]
     gone: list[tuple[Any, ...]] = []
-    for tally, changed in batch.board_dirty.items():
+    done: set[tuple[Tally, int, int]] = set()
+
+    def bucket(tally: Tally, aggregate: tuple[Any, ...], m: int) -> None:
+        for tier, b, kept in ((0, m, minutes), (1, m // 60, hours)):
+            if b <= (old_minute if tier == 0 else old_hour) or (tally, tier, b) in done:
+                continue
+            done.add((tally, tier, b))
+            entry = kept.get(b, {}).get(tally)
+            if entry is None:  # its last signal there withdrawn
+                gone.append((*aggregate, tier, b))
+            else:
+                rows.append((*aggregate, tier, b, int(entry.real), entry.imag))
+
+    for tally, m in changed.dirty.items():
         aggregate = _columns(tally.entity, tally.scope.slot)
-        done = set()
-        for m in (changed,) if isinstance(changed, int) else changed:
-            for tier, b, buckets in ((0, m, minutes), (1, m // 60, hours)):
-                if b <= (old_minute if tier == 0 else old_hour) or (tier, b) in done:
-                    continue
-                done.add((tier, b))
-                entry = buckets.get(b, {}).get(tally)
-                if entry is None:  # its last signal there withdrawn
-                    gone.append((*aggregate, tier, b))
-                else:
-                    rows.append((*aggregate, tier, b, int(entry.real), entry.imag))
+        bucket(tally, aggregate, m)
         for (hl, _), value in zip(board.decay, tally.trend, strict=True):
             rows.append((*aggregate, TREND, hl, 0, value))
-    yield Many(_DROP, emptied)
+    for tally, m in changed.moved:
+        if tally.count:  # else gone, and listed so
+            bucket(tally, _columns(tally.entity, tally.scope.slot), m)
+    yield Many(_DROP, [_columns(entity, slot) for entity, slot in changed.vanished])
     yield Many(_DROP_ONE, gone)
     yield from put(BUCKETS_AS_HELD, rows)
     yield Exec(_GONE, (0, old_minute))

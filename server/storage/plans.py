@@ -144,17 +144,26 @@ def _board(
     before."""
     decay = []
     missing = []
+    moved = []
     for hl in half_lives:
         base = meta.get(f"trend_base_{hl}")
         if base is None:
             base = windows.first_base(now_ns, hl)
             missing.append(hl)
+        elif windows.stale(int(base), now_ns, hl):
+            new = windows.first_base(now_ns, hl)
+            moved.append((hl, windows.rebase_factor(int(base), new, hl)))
+            base = new
         decay.append((hl, int(base)))
     behind = "board_seq" not in meta
     board_seq = watermark if behind else int(meta["board_seq"])
-    if not (missing or behind):
+    if not (missing or behind or moved):
         return decay, board_seq
     yield Begin()
+    for hl, factor in moved:  # by a power of two: exact, and the order is unchanged
+        yield Exec("UPDATE buckets SET weight = weight * ? WHERE tier = 2 AND bucket = ?",
+                   (factor, hl))  # fmt: skip
+        log.info("moved the base of the %s trend to %d half-lives ahead", hl, windows.BASE_AHEAD)
     if board_seq:
         rows = yield Rows(_ROWS + " WHERE seq <= ?", (board_seq,))
         contributions = [from_row(row) for row in rows]
@@ -206,8 +215,8 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     if batch.checkpoint is not None:
         yield from put_aggregates(rows_of(batch.checkpoint))
         yield Exec(SET_META, ("aggregates_seq", batch.checkpoint_seq))
-        if batch.board_state is not None:
-            yield from buckets.checkpoint(batch, batch.board_state)
+        if batch.board_state is not None and batch.board_changed is not None:
+            yield from buckets.checkpoint(batch.board_state, batch.board_changed, batch.now_ns)
         yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
     if batch.users_blocks:
         yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
