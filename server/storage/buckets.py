@@ -44,9 +44,10 @@ _AGGREGATE: Final = "entity = ? AND layer = ? AND cohort = ? AND name = ? AND ki
 _DROP: Final = f"DELETE FROM buckets WHERE {_AGGREGATE}"
 _DROP_ONE: Final = f"DELETE FROM buckets WHERE {_AGGREGATE} AND tier = ? AND bucket = ?"
 TREND: Final = 2
+#: every row, in one scan (the board skips the buckets no window reads): through the index
+#: on time, each row would be a lookup, 4x slower for a million aggregates
 SELECT: Final = (
     "SELECT entity, layer, cohort, name, kind, tier, bucket, count, weight FROM buckets"
-    " WHERE (tier = 0 AND bucket > ?) OR (tier = 1 AND bucket > ?) OR tier = 2"
 )
 _GONE: Final = "DELETE FROM buckets WHERE tier = ? AND bucket <= ?"
 #: after a withdrawal: the buckets it emptied, and the decayed sums of aggregates it emptied

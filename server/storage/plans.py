@@ -99,7 +99,7 @@ def load(
     board_rows = yield Rows(
         "SELECT entity, layer, cohort, name, kind, count, weight FROM aggregates"
     )
-    bucket_rows = yield Rows(buckets.SELECT, buckets.horizons(now_ns))
+    bucket_rows = yield Rows(buckets.SELECT)
     tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (min(watermark, board_seq),))
     newest_keys = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
