@@ -49,7 +49,8 @@ def build(db: Path, rows: int) -> None:
         conn.execute("PRAGMA synchronous=OFF")
         for start_ in range(1, rows + 1, 200_000):
             conn.executemany(
-                "INSERT INTO ledger VALUES (?, ?, ?, 'view', 1.0, 0, 1, ?)",
+                "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)"
+                " VALUES (?, ?, ?, 'view', 1.0, 0, 1, ?)",
                 (
                     (s, HEAVY + (s // 5) % 20 if s % 5 == 0 else s % 100_000, f"e{s % 1000}",
                      context)
@@ -64,6 +65,8 @@ def build(db: Path, rows: int) -> None:
         conn.execute("INSERT INTO cohorts VALUES (1, 'de', ?)", (msgpack.packb({"country": "DE"}),))
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('next_cohort_id', 2)")
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('aggregates_seq', ?)", (rows,))
+        # as a database from before the board: its buckets are filled from the ledger at boot
+        conn.execute("DELETE FROM meta WHERE key = 'board_seq'")
     assert heavy == 10_000 or rows != 1_000_000
 
 

@@ -269,7 +269,8 @@ def fill_ledger(db: Path, rows: int) -> None:
         step = 200_000
         for start in range(1, rows + 1, step):
             conn.executemany(
-                "INSERT INTO ledger VALUES (?, ?, ?, 'view', 1.0, 0, 1, ?)",
+                "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)"
+                " VALUES (?, ?, ?, 'view', 1.0, 0, 1, ?)",
                 (
                     (s, s % 100_000, f"e{s % 1000}", context)
                     for s in range(start, min(rows + 1, start + step))
@@ -284,6 +285,8 @@ def fill_ledger(db: Path, rows: int) -> None:
             " FROM ledger GROUP BY entity, kind"
         )
         conn.execute("INSERT OR REPLACE INTO meta VALUES ('aggregates_seq', ?)", (rows,))
+        # as a database from before the board: its buckets are filled from the ledger at boot
+        conn.execute("DELETE FROM meta WHERE key = 'board_seq'")
 
 
 # -- the report -------------------------------------------------------------

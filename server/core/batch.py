@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .board import Board, Changed, Contribution
+from .board import Board, Changed
 from .counts import CountsRead, Deltas
 from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
+from .tallies import Contribution
 
 if TYPE_CHECKING:
     from .past import Event, HistoryRead, LeftRead, Withdrawal

@@ -4,7 +4,8 @@ ranked reads and windowed counts.
 It holds only what is committed: a batch's signals are added when it has
 committed (``add``), and what a purge or erase withdrew once it has too. So a
 ranked read answers at once from here, and one that must show a write not yet
-committed waits for that commit (see ``engine.reads``).
+committed waits for that commit (see ``engine.ranked``). What it is made of is in
+``tallies``.
 
 A tally keeps running totals for each window; a window slides by subtracting
 the bucket that leaves it (``advance``), found in a map per tier from bucket to
@@ -17,94 +18,15 @@ signals in (a day of minutes, 30 days of hours). The rules of time are in
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, NamedTuple, TypeAlias
+from typing import Any, Final, NamedTuple
 
 from . import ledger, windows
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
+from .tallies import Bucket, Contribution, Dirty, Scope, Tally, bump
 from .windows import HOUR_NS, MINUTE_NS
-
-#: what one ledger row adds to (or, withdrawn, takes off) the aggregates it reached:
-#: entity, kind, +1 or -1, weight (signed as the count), at_ns, cohort ids, communities,
-#: and whether its ledger layer changes too (a signal, an erase; not a purge)
-Contribution: TypeAlias = tuple[str, str, int, float, int, Sequence[int], Sequence[str], bool]
-
-#: count + weight·i per tally in one bucket: one small object (a count is exact as a double)
-Bucket: TypeAlias = dict["Tally", complex]
-#: the tallies changed since the last checkpoint, and the first minute changed (others in
-#: ``Board.moved``): the next checkpoint writes their buckets and sums as they then are
-Dirty: TypeAlias = dict["Tally", int]
 
 #: the tiers' bucket maps are kept this far back (and the windows read no further)
 _KEEP: Final = tuple(n for _, n in windows.TIERS)
-
-
-class Tally:
-    """One aggregate: (layer, key, kind) of one entity. Compiled, its numbers are stored
-    unboxed: about 130 bytes, the window totals included."""
-
-    __slots__ = (
-        "c0",
-        "c1",
-        "c2",
-        "c3",
-        "count",
-        "entity",
-        "scope",
-        "trend",
-        "w0",
-        "w1",
-        "w2",
-        "w3",
-        "weight",
-    )  # fmt: skip
-
-    def __init__(self, entity: str, scope: Scope, half_lives: int) -> None:
-        self.entity = entity
-        self.scope = scope
-        self.count = 0
-        self.weight = 0.0
-        self.c0 = self.c1 = self.c2 = self.c3 = 0  # per window (windows.WINDOWS)
-        self.w0 = self.w1 = self.w2 = self.w3 = 0.0
-        self.trend = [0.0] * half_lives  # forward-decayed sums, per half-life
-
-    def window(self, i: int) -> tuple[int, float]:
-        """Count and weight in ``windows.WINDOWS[i]`` (-1: all-time)."""
-        if i == 0:
-            return self.c0, self.w0
-        if i == 1:
-            return self.c1, self.w1
-        if i == 2:
-            return self.c2, self.w2
-        if i == 3:
-            return self.c3, self.w3
-        return self.count, self.weight
-
-    def shift(self, i: int, count: int, weight: float) -> None:
-        if i == 0:
-            self.c0 += count
-            self.w0 += weight
-        elif i == 1:
-            self.c1 += count
-            self.w1 += weight
-        elif i == 2:
-            self.c2 += count
-            self.w2 += weight
-        else:
-            self.c3 += count
-            self.w3 += weight
-
-
-class Scope:
-    """What one ranking reads: the tallies of one (layer, key, kind), and the orders kept
-    of them (``ranking.Order``), brought up to date with ``dirty`` when read."""
-
-    __slots__ = ("dirty", "orders", "slot", "tallies")
-
-    def __init__(self, slot: Slot) -> None:
-        self.slot = slot
-        self.tallies: dict[str, Tally] = {}
-        self.dirty: set[str] = set()  # entities changed since the orders were read
-        self.orders: dict[tuple[int, int], Any] = {}
 
 
 class Changed(NamedTuple):
@@ -196,9 +118,9 @@ class Board:
                 if bits >> i & 1:
                     tally.shift(i, sign, weight)
         if mb is not None:
-            _bump(mb, tally, step)
+            bump(mb, tally, step)
         if hb is not None:
-            _bump(hb, tally, step)
+            bump(hb, tally, step)
         trend = tally.trend
         for i, f in enumerate(factors):
             trend[i] += f
@@ -320,7 +242,7 @@ class Board:
         into = tier_buckets.get(bucket)
         if into is None:
             into = tier_buckets[bucket] = {}
-        _bump(into, tally, complex(count, weight))
+        bump(into, tally, complex(count, weight))
         for window in (0, 1) if tier == 0 else (2, 3):
             if windows.holds(window, bucket, current):
                 tally.shift(window, count, weight)
@@ -350,11 +272,3 @@ def fill(
         tally = None if scope is None else scope.tallies.get(entity)
         if tally is not None:  # else emptied, or of a cohort dropped
             board.load_bucket(tally, tier, bucket, count, weight)
-
-
-def _bump(bucket: Bucket, tally: Tally, step: complex) -> None:
-    entry = bucket.get(tally, 0j) + step
-    if entry.real:
-        bucket[tally] = entry
-    else:
-        bucket.pop(tally, None)  # no signal left in it

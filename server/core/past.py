@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from . import ledger
-from .board import Contribution
 from .counts import Deltas
 from .replies import Later
+from .tallies import Contribution
 
 LEAVE, REJOIN, PURGE, ERASE = 1, 2, 3, 4
 EVENTS: Final = {LEAVE: "leave", REJOIN: "rejoin", PURGE: "purge", ERASE: "erase"}

@@ -20,9 +20,10 @@ from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYT
 from tidal.server.errors import InvalidParams
 
 from . import params, windows
-from .board import Board, Scope, Tally
+from .board import Board
 from .counts import CountsRead
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
+from .tallies import Scope, Tally
 
 BY: Final = ("count", "weight", "trend")
 COUNT, WEIGHT, TREND = 0, 1, 2

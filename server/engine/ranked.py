@@ -63,6 +63,7 @@ class Ranked:
             committer.later(conn, msgid, _Read(read))
         else:
             conn.reply(msgid, read())
+            conn.flush()  # a page of up to 1,000 entities must meet the peer's flow control now
 
 
 class _Read(Later):

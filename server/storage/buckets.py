@@ -20,8 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from tidal.server.core import windows
-from tidal.server.core.board import Board, Changed, Contribution, Tally
+from tidal.server.core.board import Board, Changed
 from tidal.server.core.ledger import COHORT, COMMUNITY, LEDGER, Slot
+from tidal.server.core.tallies import Contribution, Tally
 
 from .sqlbulk import Bulk, Exec, Many, Plan, Rows, put_guarded
 
@@ -46,9 +47,7 @@ _DROP_ONE: Final = f"DELETE FROM buckets WHERE {_AGGREGATE} AND tier = ? AND buc
 TREND: Final = 2
 #: every row, in one scan (the board skips the buckets no window reads): through the index
 #: on time, each row would be a lookup, 4x slower for a million aggregates
-SELECT: Final = (
-    "SELECT entity, layer, cohort, name, kind, tier, bucket, count, weight FROM buckets"
-)
+SELECT: Final = "SELECT entity, layer, cohort, name, kind, tier, bucket, count, weight FROM buckets"
 _GONE: Final = "DELETE FROM buckets WHERE tier = ? AND bucket <= ?"
 #: after a withdrawal: the buckets it emptied, and the decayed sums of aggregates it emptied
 _EMPTIED: Final = "DELETE FROM buckets WHERE entity = ? AND tier < 2 AND count = 0"
