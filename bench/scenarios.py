@@ -148,21 +148,7 @@ def one_round(
 
 def counts_under_load(server: Child, signals: int) -> dict[str, Any]:
     """One client reading ``counts`` in a closed loop while 16x16 write signals."""
-    cmd = [TIDAL, "bench", "--port", str(server.port), "-c", "16", "-P", "16"]
-    load = subprocess.Popen(
-        [*cmd, "-n", str(4 * signals), "--json"], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        with SyncClient("127.0.0.1", server.port, timeout=60) as client:
-            while client.stats()["signals"] < 10_000:  # the load has begun
-                time.sleep(0.05)
-        counts = tidal_bench(server, 1, 1, max(500, signals // 20), workload="counts")
-        still_loaded = load.poll() is None
-    finally:
-        out, _ = load.communicate(timeout=900)
-    counts["signals_per_s_meanwhile"] = json.loads(out)["signals_per_s"]
-    counts["load_outlasted_it"] = still_loaded
-    return counts
+    return read_under_load(server, signals, "counts", 10_000)
 
 
 def top_under_load(server: Child, signals: int, workload: str) -> dict[str, Any]:
@@ -170,28 +156,32 @@ def top_under_load(server: Child, signals: int, workload: str) -> dict[str, Any]
     while 16x16 write signals (each to one of 16 communities, the ranked one among them)."""
     with SyncClient("127.0.0.1", server.port, timeout=60) as client:
         for first in range(0, 100_000, 1000):
-            client.call(
-                "signal_batch",
-                [
-                    [i, f"x{i}", "view", 1.0, {"communities": ["c0"]}]
-                    for i in range(first, first + 1000)
-                ],
-            )
+            fill = [
+                [i, f"x{i}", "view", 1.0, {"communities": ["c0"]}]
+                for i in range(first, first + 1000)
+            ]
+            client.call("signal_batch", fill)
+    return read_under_load(server, signals, workload, 110_000)
+
+
+def read_under_load(server: Child, signals: int, workload: str, begun: int) -> dict[str, Any]:
+    """``workload`` from one client, 1x1, while 16x16 write signals; the load has begun once
+    the server has counted ``begun`` signals."""
     cmd = [TIDAL, "bench", "--port", str(server.port), "-c", "16", "-P", "16"]
     load = subprocess.Popen(
         [*cmd, "-n", str(4 * signals), "--json"], stdout=subprocess.PIPE, text=True
     )
     try:
         with SyncClient("127.0.0.1", server.port, timeout=60) as client:
-            while client.stats()["signals"] < 110_000:  # the load has begun
+            while client.stats()["signals"] < begun:
                 time.sleep(0.05)
-        top = tidal_bench(server, 1, 1, max(500, signals // 20), workload=workload)
+        read = tidal_bench(server, 1, 1, max(500, signals // 20), workload=workload)
         still_loaded = load.poll() is None
     finally:
         out, _ = load.communicate(timeout=900)
-    top["signals_per_s_meanwhile"] = json.loads(out)["signals_per_s"]
-    top["load_outlasted_it"] = still_loaded
-    return top
+    read["signals_per_s_meanwhile"] = json.loads(out)["signals_per_s"]
+    read["load_outlasted_it"] = still_loaded
+    return read
 
 
 def machine() -> dict[str, Any]:
