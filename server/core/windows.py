@@ -41,7 +41,6 @@ TIERS: Final = ((MINUTE_NS, 1440), (HOUR_NS, 720))
 ALL_WINDOWS: Final = 0b1111
 BASE_AHEAD: Final = 500
 STALE_AFTER: Final = 100  # half-lives past the base: moved at the next boot
-DEFAULT_HALF_LIFE: Final = 6 * 3600  # s
 
 
 def window_index(name: str) -> int:

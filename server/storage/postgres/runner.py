@@ -27,7 +27,6 @@ import asyncpg
 from tidal.server.config import Durability, redact
 from tidal.server.core.batch import Batch
 from tidal.server.core.counts import CountsRead
-from tidal.server.core.windows import DEFAULT_HALF_LIFE
 from tidal.server.errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
 from tidal.server.storage import plans
 from tidal.server.storage.interface import Snapshot
@@ -121,17 +120,12 @@ class PgStorage:
         return storage
 
     async def load(
-        self,
-        keys_since_ns: int = 0,
-        max_keys: int = 1_000_000,
-        half_lives: Sequence[int] = (DEFAULT_HALF_LIFE,),
-        now_ns: int | None = None,
+        self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
     ) -> Snapshot:
-        now = time.time_ns() if now_ns is None else now_ns
         assert self._writer is not None
         try:
             # boot reads the whole state: no statement timeout (TCP still notices a dead network)
-            load = plans.load(POSTGRES, keys_since_ns, max_keys, half_lives, now)
+            load = plans.load(POSTGRES, keys_since_ns, max_keys, half_lives, now_ns)
             snapshot = await run(self._writer, self._ids, load, timeout=None)
             self._ids.last_id = await self._writer.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
         except (asyncpg.PostgresError, *LOST) as exc:  # at boot: one line, no traceback

@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
@@ -25,7 +24,6 @@ import aiosqlite
 from tidal.server.config import Durability
 from tidal.server.core.batch import Batch
 from tidal.server.core.counts import CountsRead
-from tidal.server.core.windows import DEFAULT_HALF_LIFE
 from tidal.server.errors import StorageFailure
 from tidal.server.storage import plans
 from tidal.server.storage.interface import Snapshot
@@ -121,14 +119,9 @@ class SqliteStorage:
         return cls(db, reader, location)
 
     async def load(
-        self,
-        keys_since_ns: int = 0,
-        max_keys: int = 1_000_000,
-        half_lives: Sequence[int] = (DEFAULT_HALF_LIFE,),
-        now_ns: int | None = None,
+        self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
     ) -> Snapshot:
-        now = time.time_ns() if now_ns is None else now_ns
-        load = plans.load(SQLITE, keys_since_ns, max_keys, half_lives, now)
+        load = plans.load(SQLITE, keys_since_ns, max_keys, half_lives, now_ns)
         return await self._db.run(lambda db: run(db, load))
 
     async def commit(self, batch: Batch) -> None:
