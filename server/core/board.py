@@ -18,12 +18,16 @@ signals in (a day of minutes, 30 days of hours). The rules of time are in
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeAlias
 
 from . import ledger, windows
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
 from .tallies import Bucket, Contribution, Dirty, Scope, Tally, bump
 from .windows import HOUR_NS, MINUTE_NS
+
+#: a tally's key among its entity's of one kind: a cohort's id, a community's name, or
+#: None for the ledger (no community is named None, no cohort id is a str)
+Key: TypeAlias = int | str | None
 
 #: the tiers' bucket maps are kept this far back (and the windows read no further)
 _KEEP: Final = tuple(n for _, n in windows.TIERS)
@@ -42,12 +46,19 @@ class Board:
     def __init__(self, decay: Sequence[tuple[int, int]], now_ns: int) -> None:
         self.decay = list(decay)  # (half-life in s, base in ns), as persisted
         self.scopes: dict[Slot, Scope] = {}
-        self.by_entity: dict[str, list[Tally]] = {}
+        #: every tally, by entity, kind, then cohort id, community name, or None for the
+        #: ledger: a signal's aggregates are found with one lookup in a large dict, then
+        #: in small ones, and no key is built for them
+        self.by_entity: dict[str, dict[str, dict[Key, Tally]]] = {}
         self.minute = now_ns // MINUTE_NS
         self.hour = now_ns // HOUR_NS
+        #: per tier, bucket to the tallies with signals in it: each one's entry, to which
+        #: its newest bucket adds what the tally holds itself (see ``Tally``, ``entry``)
         self.buckets: tuple[dict[int, Bucket], dict[int, Bucket]] = ({}, {})
-        #: what changed since the last checkpoint (see ``Dirty``), and the aggregates gone
-        self.dirty: Dirty = {}
+        #: what changed since the last checkpoint: the tallies marked in this epoch (see
+        #: ``Dirty``), more minutes changed, and the aggregates gone
+        self.epoch = 0
+        self.marked: list[Tally] = []
         self.moved: set[tuple[Tally, int]] = set()
         self.vanished: list[tuple[str, Slot]] = []
         self.tallies = 0
@@ -55,53 +66,51 @@ class Board:
     def scope(self, slot: Slot) -> Scope | None:
         return self.scopes.get(slot)
 
+    def dirty(self) -> bool:
+        return bool(self.marked or self.vanished)
+
     # -- changes -----------------------------------------------------------------
 
     def add(self, rows: Iterable[Contribution]) -> None:
         """Committed signals in, or (count -1) what a committed withdrawal took off."""
-        minute, hour = self.minute, self.hour
-        keep_minute, keep_hour = minute - _KEEP[0], hour - _KEEP[1]
-        minutes, hours = self.buckets
+        minute = self.minute
         decay = self.decay
-        one = self._one
+        index = self.by_entity
         for entity, kind, sign, weight, at_ns, cohorts, communities, ledger_too in rows:
             m = at_ns // MINUTE_NS
-            h = at_ns // HOUR_NS
-            bits = windows.ALL_WINDOWS if m > minute - 60 else windows.mask(at_ns, minute, hour)
-            mb: Bucket | None = None  # the buckets it falls in, if still kept
-            if m > keep_minute:
-                mb = minutes.get(m)
-                if mb is None:
-                    mb = minutes[m] = {}
-            hb: Bucket | None = None
-            if h > keep_hour:
-                hb = hours.get(h)
-                if hb is None:
-                    hb = hours[h] = {}
-            step = complex(sign, weight)
+            bits = (
+                windows.ALL_WINDOWS if m > minute - 60 else windows.mask(at_ns, minute, self.hour)
+            )
             factors = [weight * windows.decay_factor(at_ns, base, hl) for hl, base in decay]
+            kinds = index.get(entity)
+            if kinds is None:
+                if sign < 0:
+                    continue  # nothing of it is kept (a cohort dropped since)
+                kinds = index[entity] = {}
+            mine = kinds.get(kind)
+            if mine is None:
+                if sign < 0:
+                    continue
+                mine = kinds[kind] = {}
             if ledger_too:
-                one((LEDGER, "", kind), entity, sign, weight, bits, m, mb, hb, step, factors)
+                self._one(mine, None, entity, kind, sign, weight, bits, m, at_ns, factors)
             for cid in cohorts:
-                one((COHORT, cid, kind), entity, sign, weight, bits, m, mb, hb, step, factors)
+                self._one(mine, cid, entity, kind, sign, weight, bits, m, at_ns, factors)
             for name in communities:
-                one((COMMUNITY, name, kind), entity, sign, weight, bits, m, mb, hb, step, factors)
+                self._one(mine, name, entity, kind, sign, weight, bits, m, at_ns, factors)
+            if not mine:
+                del kinds[kind]
+                if not kinds:
+                    del index[entity]
 
-    def _one(self, slot: Slot, entity: str, sign: int, weight: float, bits: int, m: int,
-             mb: Bucket | None, hb: Bucket | None, step: complex,
+    def _one(self, mine: dict[Key, Tally], key: Key, entity: str, kind: str, sign: int,
+             weight: float, bits: int, m: int, at_ns: int,
              factors: list[float]) -> None:  # fmt: skip
-        scope = self.scopes.get(slot)
-        if scope is None:
-            if sign < 0:
-                return  # a cohort dropped since: nothing of it is kept
-            scope = self.scopes[slot] = Scope(slot)
-        tally = scope.tallies.get(entity)
+        tally = mine.get(key)
         if tally is None:
             if sign < 0:
                 return
-            tally = scope.tallies[entity] = Tally(entity, scope, len(self.decay))
-            self.by_entity.setdefault(entity, []).append(tally)
-            self.tallies += 1
+            tally = mine[key] = self._new(slot_of(key, kind), entity)
         tally.count += sign
         tally.weight += weight
         if bits == windows.ALL_WINDOWS:
@@ -117,53 +126,135 @@ class Board:
             for i in range(4):
                 if bits >> i & 1:
                     tally.shift(i, sign, weight)
-        if mb is not None:
-            bump(mb, tally, step)
-        if hb is not None:
-            bump(hb, tally, step)
+        h = at_ns // HOUR_NS
+        if h == tally.hk:
+            tally.hc += sign
+            tally.hw += weight
+        elif h > self.hour - _KEEP[1]:
+            self._bucket(tally, 1, h, sign, weight)
+        if m == tally.mk:  # the common case: its newest minute, no map touched
+            tally.mc += sign
+            tally.mw += weight
+            if tally.epoch != self.epoch:
+                self._mark(tally, m)
+        else:
+            if m > self.minute - _KEEP[0]:
+                self._bucket(tally, 0, m, sign, weight)
+            self._mark(tally, m)
         trend = tally.trend
         for i, f in enumerate(factors):
             trend[i] += f
-        first = self.dirty.get(tally)
-        if first is None:
-            self.dirty[tally] = m
-        elif first != m:
-            self.moved.add((tally, m))
+        scope = tally.scope
         if scope.orders:
             scope.dirty.add(entity)
         if not tally.count:  # a purge took its last signal: gone, as from a recompute
             self._forget(tally)
+            del mine[key]
+
+    def _new(self, slot: Slot, entity: str) -> Tally:
+        scope = self.scopes.get(slot)
+        if scope is None:
+            scope = self.scopes[slot] = Scope(slot)
+        tally = scope.tallies[entity] = Tally(entity, scope, len(self.decay))
+        self.tallies += 1
+        return tally
+
+    def _bucket(self, tally: Tally, tier: int, b: int, count: int, weight: float) -> None:
+        """A signal in a bucket other than the tally's newest: a newer one becomes its
+        newest (what the last held is added to that bucket's entry), an older one's entry
+        takes it."""
+        kept = self.buckets[tier]
+        newest = tally.mk if tier == 0 else tally.hk
+        if b > newest:
+            self._settle(tally, tier)
+            into = kept.get(b)
+            if into is None:
+                into = kept[b] = {}
+            if tally not in into:
+                into[tally] = 0j
+            if tier == 0:
+                tally.mk, tally.mc, tally.mw = b, count, weight
+            else:
+                tally.hk, tally.hc, tally.hw = b, count, weight
+            return
+        into = kept.get(b)
+        if into is None:
+            into = kept[b] = {}
+        bump(into, tally, complex(count, weight))
+
+    def _settle(self, tally: Tally, tier: int) -> None:
+        """What the tally holds of its newest bucket goes into that bucket's entry."""
+        if tier == 0:
+            b, count, weight = tally.mk, tally.mc, tally.mw
+            tally.mc, tally.mw = 0, 0.0
+        else:
+            b, count, weight = tally.hk, tally.hc, tally.hw
+            tally.hc, tally.hw = 0, 0.0
+        into = self.buckets[tier].get(b)
+        if into is not None and tally in into:  # else no window reads it any more
+            bump(into, tally, complex(count, weight))
+
+    def entry(self, tally: Tally, tier: int, b: int) -> complex | None:
+        """Count + weight·i of the tally in bucket ``b`` of ``tier``; None if it has none."""
+        into = self.buckets[tier].get(b)
+        entry = None if into is None else into.get(tally)
+        if entry is None:
+            return None
+        if tier == 0 and b == tally.mk:
+            entry += complex(tally.mc, tally.mw)
+        elif tier == 1 and b == tally.hk:
+            entry += complex(tally.hc, tally.hw)
+        return entry if entry.real else None
+
+    def _mark(self, tally: Tally, m: int) -> None:
+        """Minute ``m`` of the tally changed: the next checkpoint writes it. A tally marked
+        afresh notes its newest minute, so that its newest minute's signals need no more."""
+        if tally.epoch != self.epoch:
+            tally.epoch = self.epoch
+            tally.dm = tally.mk
+            self.marked.append(tally)
+        if m != tally.dm:
+            self.moved.add((tally, m))
 
     def _forget(self, tally: Tally) -> None:
+        """The tally leaves its scope (the caller takes it out of ``by_entity``)."""
         scope = tally.scope
-        self.dirty.pop(tally, None)
+        tally.epoch = -1
         self.vanished.append((tally.entity, scope.slot))
         del scope.tallies[tally.entity]
-        mine = self.by_entity[tally.entity]
-        mine.remove(tally)
-        if not mine:
-            del self.by_entity[tally.entity]
         self.tallies -= 1
         if scope.orders:
             scope.dirty.add(tally.entity)
         if not scope.tallies and not scope.orders:
             del self.scopes[scope.slot]
 
+    def _unindex(self, tally: Tally) -> None:
+        layer, key, kind = tally.scope.slot
+        kinds = self.by_entity[tally.entity]
+        mine = kinds[kind]
+        del mine[None if layer == LEDGER else key]
+        if not mine:
+            del kinds[kind]
+            if not kinds:
+                del self.by_entity[tally.entity]
+
+    def tallies_of(self, entity: str) -> list[Tally]:
+        return [t for mine in self.by_entity.get(entity, {}).values() for t in mine.values()]
+
     def take_dirty(self) -> Changed:
         """What the next checkpoint writes; the board starts afresh."""
-        changed = Changed(self.dirty, self.moved, self.vanished)
-        self.dirty, self.moved, self.vanished = {}, set(), []
+        epoch = self.epoch
+        dirty = {tally: tally.dm for tally in self.marked if tally.epoch == epoch}
+        changed = Changed(dirty, self.moved, self.vanished)
+        self.epoch = epoch + 1
+        self.marked, self.moved, self.vanished = [], set(), []
         return changed
 
     def put_back(self, changed: Changed) -> None:
         """A checkpoint that did not commit: its share is due again."""
         for tally, m in changed.dirty.items():
-            if tally.count:  # else it vanished since, and is listed so
-                first = self.dirty.get(tally)
-                if first is None:
-                    self.dirty[tally] = m
-                elif first != m:
-                    self.moved.add((tally, m))
+            if tally.epoch >= 0:  # else it vanished since, and is listed so
+                self._mark(tally, m)
         self.moved |= changed.moved
         self.vanished[:0] = changed.vanished
 
@@ -173,6 +264,7 @@ class Board:
         for scope in gone:
             for tally in list(scope.tallies.values()):
                 self._forget(tally)
+                self._unindex(tally)
             self.scopes.pop(scope.slot, None)
         if gone:
             lost = set(gone)
@@ -198,13 +290,14 @@ class Board:
             else:
                 gone = sorted(b for b in buckets if was - n < b <= current - n)
             for b in gone:
-                bucket = buckets.get(b)
-                if bucket is None:
+                if b not in buckets:
                     continue
-                for tally, entry in bucket.items():
-                    tally.shift(window, -int(entry.real), -entry.imag)
-                    if tally.scope.orders:
-                        tally.scope.dirty.add(tally.entity)
+                for tally in buckets[b]:
+                    entry = self.entry(tally, tier, b)
+                    if entry is not None:
+                        tally.shift(window, -int(entry.real), -entry.imag)
+                        if tally.scope.orders:
+                            tally.scope.dirty.add(tally.entity)
         for b in [b for b in buckets if b <= current - _KEEP[tier]]:
             del buckets[b]
         if tier == 0:
@@ -214,16 +307,24 @@ class Board:
 
     # -- boot ------------------------------------------------------------------
 
+    def find(self, entity: str, slot: Slot) -> Tally | None:
+        layer, key, kind = slot
+        mine = self.by_entity.get(entity, {}).get(kind)
+        return None if mine is None else mine.get(None if layer == LEDGER else key)
+
     def load(self, slot: Slot, entity: str, count: int, weight: float) -> Tally:
         """A tally as the aggregates table holds it (all-time), before its buckets."""
-        scope = self.scopes.get(slot)
-        if scope is None:
-            scope = self.scopes[slot] = Scope(slot)
-        tally = scope.tallies.get(entity)
+        layer, key, kind = slot
+        kinds = self.by_entity.get(entity)
+        if kinds is None:
+            kinds = self.by_entity[entity] = {}
+        mine = kinds.get(kind)
+        if mine is None:
+            mine = kinds[kind] = {}
+        index = None if layer == LEDGER else key
+        tally = mine.get(index)
         if tally is None:
-            tally = scope.tallies[entity] = Tally(entity, scope, len(self.decay))
-            self.by_entity.setdefault(entity, []).append(tally)
-            self.tallies += 1
+            tally = mine[index] = self._new(slot, entity)
         tally.count += count
         tally.weight += weight
         return tally
@@ -248,6 +349,12 @@ class Board:
                 tally.shift(window, count, weight)
 
 
+def slot_of(key: Key, kind: str) -> Slot:
+    if key is None:
+        return (LEDGER, "", kind)
+    return (COHORT, key, kind) if isinstance(key, int) else (COMMUNITY, key, kind)
+
+
 def from_row(row: Sequence[Any]) -> Contribution:
     """What a ledger row (seq, entity, kind, weight, forwarded, context, at_ns) adds."""
     _, entity, kind, weight, forwarded, context, at_ns = row
@@ -266,9 +373,7 @@ def fill(
         if not count or (layer == COHORT and cohort not in cohort_ids):
             continue
         board.load((layer, cohort if layer == COHORT else name, kind), entity, count, weight)
-    scopes = board.scopes
     for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
-        scope = scopes.get((layer, cohort if layer == COHORT else name, kind))
-        tally = None if scope is None else scope.tallies.get(entity)
+        tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
         if tally is not None:  # else emptied, or of a cohort dropped
             board.load_bucket(tally, tier, bucket, count, weight)

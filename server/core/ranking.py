@@ -140,7 +140,7 @@ def window_counts(
 ) -> dict[str, Any]:  # fmt: skip
     """``counts(entity, {"window": ...})``: the same page as all-time counts, from the board."""
     totals: dict[Slot, list[Any]] = {}
-    for tally in board.by_entity.get(entity, ()):
+    for tally in board.tallies_of(entity):
         slot = tally.scope.slot
         count, weight = tally.window(window)
         if count and (after is None or slot > after):

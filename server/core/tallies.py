@@ -15,29 +15,24 @@ Contribution: TypeAlias = tuple[str, str, int, float, int, Sequence[int], Sequen
 
 #: count + weight·i per tally in one bucket: one small object (a count is exact as a double)
 Bucket: TypeAlias = dict["Tally", complex]
-#: the tallies changed since the last checkpoint, and the first minute changed (others in
+#: the tallies changed since the last checkpoint, and a minute changed (others in
 #: ``Board.moved``): the next checkpoint writes their buckets and sums as they then are
 Dirty: TypeAlias = dict["Tally", int]
 
 
 class Tally:
     """One aggregate: (layer, key, kind) of one entity. Compiled, its numbers are stored
-    unboxed: about 130 bytes, the window totals included."""
+    unboxed: about 200 bytes, the window totals included.
+
+    It keeps what it gained in its newest minute and hour itself (``mk``, ``mc``, ``mw``;
+    ``hk``, ``hc``, ``hw``), added to its entry in that bucket when a newer one begins:
+    most signals then touch no bucket map, which at a million aggregates costs a cache
+    miss per lookup. ``epoch`` is the board's while it is dirty (-1 once forgotten), with
+    ``dm`` a minute changed."""
 
     __slots__ = (
-        "c0",
-        "c1",
-        "c2",
-        "c3",
-        "count",
-        "entity",
-        "scope",
-        "trend",
-        "w0",
-        "w1",
-        "w2",
-        "w3",
-        "weight",
+        "c0", "c1", "c2", "c3", "count", "dm", "entity", "epoch", "hc", "hk", "hw", "mc", "mk",
+        "mw", "scope", "trend", "w0", "w1", "w2", "w3", "weight",
     )  # fmt: skip
 
     def __init__(self, entity: str, scope: Scope, half_lives: int) -> None:
@@ -48,6 +43,10 @@ class Tally:
         self.c0 = self.c1 = self.c2 = self.c3 = 0  # per window (windows.WINDOWS)
         self.w0 = self.w1 = self.w2 = self.w3 = 0.0
         self.trend = [0.0] * half_lives  # forward-decayed sums, per half-life
+        self.mk = self.hk = -1  # no newest minute or hour yet
+        self.mc = self.hc = 0
+        self.mw = self.hw = 0.0
+        self.epoch = self.dm = -1
 
     def window(self, i: int) -> tuple[int, float]:
         """Count and weight in ``windows.WINDOWS[i]`` (-1: all-time)."""

@@ -257,7 +257,7 @@ class Engine:
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
         board = self.board
-        if not self.aggregates.live and not board.dirty and not board.vanished:
+        if not self.aggregates.live and not board.dirty():
             return False
         self._checkpoint(batch, self._next_seq - 1)
         return True

@@ -115,17 +115,16 @@ def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
     Written as they are, over what the table held: a purge's share written in between
     is in them too."""
     old_minute, old_hour = horizons(now_ns)
-    minutes, hours = board.buckets
     rows: list[tuple[Any, ...]] = []
     gone: list[tuple[Any, ...]] = []
     done: set[tuple[Tally, int, int]] = set()
 
     def bucket(tally: Tally, aggregate: tuple[Any, ...], m: int) -> None:
-        for tier, b, kept in ((0, m, minutes), (1, m // 60, hours)):
+        for tier, b in ((0, m), (1, m // 60)):
             if b <= (old_minute if tier == 0 else old_hour) or (tally, tier, b) in done:
                 continue
             done.add((tally, tier, b))
-            entry = kept.get(b, {}).get(tally)
+            entry = board.entry(tally, tier, b)
             if entry is None:  # its last signal there withdrawn
                 gone.append((*aggregate, tier, b))
             else:
