@@ -117,13 +117,13 @@ async def test_counts_equal_a_recompute_across_many_checkpoints(database: Databa
 
 
 async def test_a_refused_commit_takes_back_what_its_signals_counted(database: Database) -> None:
-    """Signals are counted when read: a commit refused (here one carrying a checkpoint)
-    takes its signals back off, and what is left equals a recompute, before and after a
-    restart."""
+    """Signals are counted once their batch has committed: a commit refused (here one
+    carrying a checkpoint) counts none of its own, the next writes what its checkpoint
+    held, and what is left equals a recompute, before and after a restart."""
     server = Server(Config(port=0, db=database.target, checkpoint_signals=2))
     await server.start()
     try:
-        fail_once(server, lambda batch: batch.checkpoint is not None and bool(batch.signals))
+        fail_once(server, lambda batch: batch.board_changed is not None and bool(batch.signals))
         async with await Client.connect(*server.address) as client:
             refused = 0
             for i in range(12):

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .board import Board, Changed
-from .counts import CountsRead, Deltas
 from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
@@ -25,16 +24,14 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class Batch:
     first_seq: int
-    ledger: list[Row] = field(default_factory=list)  # counted in the aggregates when read
-    board: list[Contribution] = field(default_factory=list)  # ... and on the board once committed
+    ledger: list[Row] = field(default_factory=list)
+    board: list[Contribution] = field(default_factory=list)  # on the board once committed
     #: reads of the tables, made by the writer before this batch's writes
-    reads: list[CountsRead | HistoryRead | LeftRead] = field(default_factory=list)
+    reads: list[HistoryRead | LeftRead] = field(default_factory=list)
     memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
     cohorts: dict[str, Cohort | None] = field(default_factory=dict)
     next_cohort_id: int | None = None
-    checkpoint: Deltas | None = None  # aggregates to write, up to ``checkpoint_seq``
-    checkpoint_seq: int = 0
-    #: with a checkpoint, the board's tallies changed since the last, and those gone: the
+    #: a checkpoint: the board's tallies changed since the last, and those gone. The
     #: writer writes them as the board holds them, all committed before this batch (the
     #: board holds only what is committed, and takes nothing in while this commits)
     board_state: Board | None = None
@@ -64,15 +61,11 @@ class Batch:
     leaves: int = 0
     rejoins: int = 0
 
-    def changes_table(self) -> bool:
-        """Whether committing this changes the aggregates table (see ``reads``)."""
-        return self.checkpoint is not None or bool(self.past)
-
     def pending(self) -> bool:
         return bool(
             self.writes
             or self.replies
             or self.reads
-            or self.checkpoint is not None
+            or self.board_changed is not None
             or self.retire is not None
         )

@@ -36,9 +36,9 @@ PastRow: TypeAlias = tuple[int, str, str, float, int, bytes | None, int]
 
 @dataclass(slots=True, eq=False)
 class Withdrawal:
-    """One purge or erase of one user. The writer fills in what it withdrew:
-    ``table`` from the aggregates table (rows up to its watermark), in the same
-    transaction; ``live`` from memory (rows above it), when the batch has committed."""
+    """One purge or erase of one user. The writer fills in what it withdrew: ``table``
+    from the aggregates table (rows up to its watermark), in the same transaction; the
+    board takes all of it off when the batch has committed."""
 
     user_id: int
     before_seq: int  # the user's rows below this seq: those read before the request
@@ -47,7 +47,6 @@ class Withdrawal:
     recent: list[int] = field(default_factory=list)  # the user's rows not yet in a block
     signals: int = 0  # rows withdrawn from (purge) or deleted (erase)
     table: Deltas = field(default_factory=dict)
-    live: Deltas = field(default_factory=dict)
     #: the same, as the board takes it off: rows up to the watermark (whose buckets the
     #: writer also takes off the table, in the transaction), and the rest
     board_table: list[Contribution] = field(default_factory=list)
@@ -59,17 +58,14 @@ class Withdrawal:
         done = "erased" if self.erase else "purged"
         return f"user {self.user_id}: {self.signals} signals {done} ({self.seconds * 1e3:.1f} ms)"
 
-    def take(self, rows: Iterable[PastRow], watermark: int, board_seq: int) -> None:
+    def take(self, rows: Iterable[PastRow], watermark: int) -> None:
         """Withdraw ``rows`` (read by the writer); each counts as it was counted. The
-        tables hold the rows up to their watermarks (the aggregates', the board's)."""
+        tables hold the rows up to ``watermark``."""
         reached: dict[bytes | None, tuple[list[str], list[int]]] = {}  # contexts repeat
         erase = self.erase
+        table = self.table
         for seq, entity, kind, weight, forwarded, context, at_ns in rows:
             old = seq <= watermark
-            into = self.table if old else self.live
-            tallies = into.get(entity)
-            if tallies is None:
-                tallies = into[entity] = {}
             communities: Sequence[str] = ()
             cohorts: Sequence[int] = ()
             if forwarded:
@@ -79,9 +75,15 @@ class Withdrawal:
                     known = reached[context] = (names, ids)
                 communities, cohorts = known
             weight = ledger.row_weight(weight)
-            ledger.withdraw(tallies, kind, weight, cohorts, communities, ledger_too=erase)
             taken = (entity, kind, -1, -weight, at_ns, cohorts, communities, erase)
-            (self.board_table if seq <= board_seq else self.board_live).append(taken)
+            if old:
+                tallies = table.get(entity)
+                if tallies is None:
+                    tallies = table[entity] = {}
+                ledger.withdraw(tallies, kind, weight, cohorts, communities, ledger_too=erase)
+                self.board_table.append(taken)
+            else:
+                self.board_live.append(taken)
             self.signals += 1
 
 
@@ -104,28 +106,6 @@ class Event:
 def line(at_ns: int, event: int, signals: int | None) -> dict[str, Any]:
     """A history line as ``history`` answers it."""
     return {"event": EVENTS[event], "at_ns": at_ns, "signals": signals}
-
-
-@dataclass(slots=True)
-class Pending:
-    """The withdrawals a ``counts`` must take off what it captured: those read before it
-    and not yet committed. One in its own batch (``whole``) is in neither the table it
-    reads nor the memory it captured; one in the batch then committing is already in
-    the table it reads (the writer changed both at once), not in the memory."""
-
-    withdrawal: Withdrawal
-    whole: bool
-
-    def apply(self, entity: str, totals: dict[ledger.Slot, list[Any]]) -> None:
-        parts = (
-            (self.withdrawal.table, self.withdrawal.live) if self.whole else (self.withdrawal.live,)
-        )
-        for part in parts:
-            for slot, (count, weight) in part.get(entity, {}).items():
-                tally = totals.get(slot)
-                if tally is not None:  # absent: past the page, where nothing is shown
-                    tally[0] += count
-                    tally[1] += weight
 
 
 @dataclass(slots=True)

@@ -84,8 +84,6 @@ class Committer:
         #: set while a commit's outcome is being found out (its answer was lost): writes refused
         self.unknown: str | None = None
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
-        self.table_reads = 0  # reads of the aggregates table beside the writer (``reads``)
-        self._reads_ended: asyncio.Future[None] | None = None  # the writer waits for them
         self._closing = False
         self._last_tried = False
         self._task: asyncio.Task[None] | None = None
@@ -149,24 +147,6 @@ class Committer:
         conn.reading(True)
         self.wake()
 
-    def may_read_beside(self, conn: Replier) -> bool:
-        """Whether a read by ``conn`` may be answered now with what is committed, the table
-        read beside the writer. Not if ``conn`` has a write waiting for a commit (it sees
-        its own writes), nor if a purge or erase waits (a read after one never sees what
-        it withdraws), nor while the batch committing changes the table: a batch that
-        does waits for such reads to end, so the table stays as the read found memory."""
-        batch, inflight = self.open, self.inflight
-        if batch.past or conn in batch.writers:
-            return False
-        return inflight is None or not (inflight.changes_table() or conn in inflight.writers)
-
-    def reading_table(self, started: bool) -> None:
-        self.table_reads += 1 if started else -1
-        ended = self._reads_ended
-        if not self.table_reads and ended is not None:
-            self._reads_ended = None
-            ended.set_result(None)
-
     # -- the writer ------------------------------------------------------
 
     async def _run(self) -> None:
@@ -185,9 +165,6 @@ class Committer:
             self.open = Batch(self._steps.next_seq())
             self.inflight = batch
             self._hold(False)
-            if self.table_reads and batch.changes_table():
-                self._reads_ended = asyncio.get_running_loop().create_future()
-                await self._reads_ended
             began = time.perf_counter()
             try:
                 await self._commit(batch)
@@ -235,7 +212,7 @@ class Committer:
             idle.set_result(None)
 
     def _deliver(self, batch: Batch) -> None:
-        if batch.writes or batch.checkpoint is not None:  # storage took a write
+        if batch.writes or batch.board_changed is not None:  # storage took a write
             self.full = None
         try:
             self._steps.committed(batch)

@@ -83,13 +83,13 @@ class Engine:
         self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
         self.keys = Keys(snapshot.keys, key_window_ns, max_keys)
         self.aggregates = Aggregates(
-            snapshot.watermark, every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
+            every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
-        self.aggregates.replay(snapshot.ledger_tail, snapshot.watermark)
         self.board = Board(snapshot.decay, clock())
         board.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, set(self.cohorts.names()))
-        # past the board's watermark: counted, and written by the next checkpoint
-        self.board.add(board.from_row(r) for r in snapshot.ledger_tail if r[0] > snapshot.board_seq)
+        # past the tables' watermark: counted, and written by the next checkpoint
+        self.board.add(board.from_row(r) for r in snapshot.ledger_tail)
+        self.aggregates.signals_committed(len(snapshot.ledger_tail))
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
@@ -138,7 +138,6 @@ class Engine:
         """Commit and answer everything already read, then stop the writer."""
         self.retention.stop()
         await self.committer.close()
-        await self._reads.close()
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
         """Apply one request now; its reply goes out now or when its batch is durable.
@@ -206,14 +205,9 @@ class Engine:
                 return {"seq": seen[0], "forwarded": seen[1]}  # a retry: counted once
         seq = self._next_seq
         self._next_seq = seq + 1
-        aggregates = self.aggregates
-        mine = aggregates.live.get(entity)  # counted once, now (see Aggregates.tally)
-        if mine is None:
-            mine = aggregates.tally(entity)
         forwarded = not self.members.is_left(user_id)  # the gate
         if forwarded:
             cohorts = matched if matched is not None else self.cohorts.match(attrs)
-            aggregates.tallies += ledger.count(mine, kind, weight, cohorts, communities)
             batch.forwarded += 1
             batch.fanout += len(cohorts) + len(communities)
             batch.board.append(
@@ -222,7 +216,6 @@ class Engine:
             )  # fmt: skip
         else:
             cohorts = ()
-            aggregates.tallies += ledger.count(mine, kind, weight, (), ())
             batch.board.append(
                 (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, (), (), True)
             )
@@ -243,10 +236,8 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
-        if self.aggregates.due():
-            # every signal before this batch has committed, and this batch's rows commit
-            # with the checkpoint: the live deltas, which count them all, run to its end
-            self._checkpoint(batch, self._next_seq - 1)
+        if self.aggregates.due(self.board):
+            self._checkpoint(batch)
             self.keys.forget_old(batch, self._clock())
         self.user_rows.prepare(batch)
         for w in batch.past:
@@ -256,32 +247,27 @@ class Engine:
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
-        board = self.board
-        if not self.aggregates.live and not board.dirty():
+        if not self.board.dirty():
             return False
-        self._checkpoint(batch, self._next_seq - 1)
+        self._checkpoint(batch)
         return True
 
-    def _checkpoint(self, batch: Batch, upto_seq: int) -> None:
-        batch.checkpoint_seq = upto_seq
-        batch.checkpoint = self.aggregates.begin_checkpoint(upto_seq)
+    def _checkpoint(self, batch: Batch) -> None:
+        """The board as it holds all committed before this batch (to first_seq - 1): it
+        takes nothing in until the batch has committed."""
+        self.aggregates.began()
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
-        # the board's share: all committed before this batch (to first_seq - 1)
-        board = self.board
-        batch.board_state = board
-        batch.board_changed = board.take_dirty()
+        batch.board_state = self.board
+        batch.board_changed = self.board.take_dirty()
 
     def committed(self, batch: Batch) -> None:
-        if batch.checkpoint is not None:
-            self.aggregates.end_checkpoint(committed=True)
         self._board_committed(batch)
         self.aggregates.signals_committed(batch.signals)
         self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
         for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
             log.info("%s", w)  # rare, and asked for: worth a line each
-            self.aggregates.withdraw(w.live)
             if w.erase:
                 self.keys.erased(w.user_id, w.before_seq, w.keys)
                 self.user_rows.erased(to_db(w.user_id), w.before_seq)
@@ -307,10 +293,6 @@ class Engine:
             board.keep_cohorts(set(self.cohorts.names()))
 
     def failed(self, batch: Batch, later: Batch) -> None:
-        if batch.checkpoint is not None:
-            self.aggregates.end_checkpoint(committed=False)
-            assert batch.board_changed is not None
+        if batch.board_changed is not None:
             self.board.put_back(batch.board_changed)
-        # their signals were counted when read: what the disk refused is taken back off
-        self.aggregates.withdraw(self.aggregates.uncount([*batch.ledger, *later.ledger]))
         self._next_seq = batch.first_seq

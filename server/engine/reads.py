@@ -1,22 +1,18 @@
 """The read handlers: status, cohorts, counts, stats and health.
 
 A read changes nothing. It is answered at once unless it could show a write not
-yet on disk. ``counts`` reads the table beside the writer and answers with what
-is committed, unless it must show what is not yet (the caller's own writes, a
-purge read before it): then it waits for the writer's next round trip, as
-``health`` always does (proof that the writer is alive).
+yet on disk. ``counts`` is answered from the board with what is committed, as
+``top`` is (``ranked``), unless it must show what is not yet (the caller's own
+writes, a purge read before it): then it waits for that commit. ``health``
+always waits for the writer's next round trip (proof that the writer is alive).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
-from tidal.protocol import ErrorCode
 from tidal.protocol.limits import (
     ENTITY_MAX_BYTES,
     HISTORY_LINE_BYTES,
@@ -28,14 +24,10 @@ from tidal.protocol.limits import (
     SLOT_REPLY_BYTES,
 )
 from tidal.server.core import params, ranking
-from tidal.server.core.counts import CountsRead
-from tidal.server.core.ledger import Row
-from tidal.server.core.past import HistoryRead, LeftRead, Pending
-from tidal.server.core.replies import Later, Replier
-from tidal.server.errors import StorageFailure
+from tidal.server.core.past import HistoryRead, LeftRead
+from tidal.server.core.replies import Replier
 from tidal.server.version import VERSION
 
-from .delivery import answer
 from .health import HealthCheck, report
 from .ranked import Ranked
 from .state import EngineState
@@ -48,9 +40,6 @@ class Reads:
         self._engine = engine
         self._ranked = ranked
         self._started = time.monotonic()
-        #: counts waiting to read the table beside the writer, and the task reading them
-        self._beside: list[tuple[Replier, int, CountsRead]] = []
-        self._reader: asyncio.Task[None] | None = None
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "status", "user_id", 1, 1)
@@ -82,70 +71,7 @@ class Reads:
         after = params.cursor(page["after"]) if page.get("after") is not None else None
         window = ranking.window_option(page["window"]) if "window" in page else -1
         limit = page.get("limit", most)
-        if window >= 0:  # from the board, as top reads it
-            self._ranked.counts(conn, msgid, entity, window, after, limit)
-            return
-        if msgid is None:
-            conn.reply(None, None)
-            return
-        engine = self._engine
-        committer = engine.committer
-        if committer.may_read_beside(conn):
-            read = engine.aggregates.committed_page(
-                entity, engine.cohorts.names(), self._uncommitted(), after, limit
-            )
-            committer.reading_table(True)
-            conn.reading(True)
-            self._beside.append((conn, msgid, read))
-            if self._reader is None:
-                self._reader = asyncio.get_running_loop().create_task(self._read_beside())
-            return
-        # it must see writes not yet committed: answered once they are
-        pending = [Pending(w, whole=True) for w in committer.open.past]
-        if committer.inflight is not None:
-            pending += [Pending(w, whole=False) for w in committer.inflight.past]
-        read = engine.aggregates.capture(entity, engine.cohorts.names(), pending, after, limit)
-        committer.open.reads.append(read)  # the writer reads the table's share
-        committer.later(conn, msgid, _Counts(read))
-
-    def _uncommitted(self) -> Iterable[Row]:
-        committer = self._engine.committer
-        if committer.inflight is None:
-            return committer.open.ledger
-        return itertools.chain(committer.inflight.ledger, committer.open.ledger)
-
-    async def _read_beside(self) -> None:
-        """The table's share of the counts queued, read while the writer goes on, then
-        their replies. Those queued during one round trip to the reader's thread share
-        the next, as writes share a commit."""
-        committer = self._engine.committer
-        while self._beside:
-            reads, self._beside = self._beside, []
-            try:
-                await self._engine.storage.read_counts([read for _, _, read in reads])
-            except StorageFailure as exc:
-                for conn, msgid, _ in reads:
-                    conn.reply_error(msgid, ErrorCode.UNAVAILABLE, f"storage unavailable: {exc}")
-            except Exception:  # a bug must not leave the reads unanswered
-                log.exception("reading counts failed")
-                for conn, msgid, _ in reads:
-                    conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in counts")
-            else:
-                for conn, msgid, read in reads:
-                    answer(conn, msgid, read.answer)
-            touched: dict[Replier, None] = {}
-            for conn, _, _ in reads:
-                committer.reading_table(False)
-                conn.reading(False)
-                touched[conn] = None
-            for conn in touched:
-                conn.flush()
-        self._reader = None
-
-    async def close(self) -> None:
-        """Let the reads beside the writer end (the storage closes next)."""
-        if self._reader is not None:
-            await self._reader
+        self._ranked.counts(conn, msgid, entity, window, after, limit)  # from the board
 
     def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""
@@ -231,15 +157,3 @@ class Reads:
             state = self._engine.committer.full_state
             return report(state, f"the last commit failed ({full}); writes are refused")
         return report("ok")
-
-
-class _Counts(Later):
-    """A ``counts`` read: memory captured now, the table's share read by the writer."""
-
-    __slots__ = ("read",)
-
-    def __init__(self, read: CountsRead) -> None:
-        self.read = read
-
-    def answer(self) -> dict[str, Any]:
-        return self.read.answer()

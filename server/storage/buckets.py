@@ -24,7 +24,7 @@ from tidal.server.core.board import Board, Changed
 from tidal.server.core.ledger import COHORT, COMMUNITY, LEDGER, Slot
 from tidal.server.core.tallies import Contribution, Tally
 
-from .sqlbulk import Bulk, Exec, Many, Plan, Rows, put_guarded
+from .sqlbulk import AGGREGATES_AS_HELD, Bulk, Exec, Many, Plan, put_aggregates, put_guarded
 
 log = logging.getLogger("tidal.storage")
 
@@ -43,6 +43,7 @@ BUCKETS_AS_HELD: Final = Bulk(
 )
 _AGGREGATE: Final = "entity = ? AND layer = ? AND cohort = ? AND name = ? AND kind = ?"
 _DROP: Final = f"DELETE FROM buckets WHERE {_AGGREGATE}"
+_DROP_AGGREGATE: Final = f"DELETE FROM aggregates WHERE {_AGGREGATE}"
 _DROP_ONE: Final = f"DELETE FROM buckets WHERE {_AGGREGATE} AND tier = ? AND bucket = ?"
 TREND: Final = 2
 #: every row, in one scan (the board skips the buckets no window reads): through the index
@@ -55,11 +56,6 @@ _ORPHANS: Final = """
     DELETE FROM buckets WHERE entity = ? AND tier = 2 AND NOT EXISTS (
         SELECT 1 FROM aggregates a WHERE a.entity = buckets.entity AND a.layer = buckets.layer
         AND a.cohort = buckets.cohort AND a.name = buckets.name AND a.kind = buckets.kind)"""
-
-
-def watermark() -> Plan[int]:
-    rows = yield Rows("SELECT value FROM meta WHERE key = 'board_seq'")
-    return int(rows[0][0]) if rows else 0
 
 
 def horizons(now_ns: int) -> tuple[int, int]:
@@ -109,8 +105,8 @@ def rows(
 
 
 def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
-    """A checkpoint's share: the buckets and decayed sums of the tallies changed since the
-    last, as the board holds them (it takes nothing in while this batch commits: see
+    """A checkpoint: the aggregates changed since the last, with their buckets and decayed
+    sums, as the board holds them (it takes nothing in while this batch commits: see
     ``engine``), and the aggregates gone; then the buckets no window reads any more, out.
     Written as they are, over what the table held: a purge's share written in between
     is in them too."""
@@ -130,15 +126,20 @@ def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
             else:
                 rows.append((*aggregate, tier, b, int(entry.real), entry.imag))
 
+    aggregates: list[tuple[Any, ...]] = []
     for tally, m in changed.dirty.items():
         aggregate = _columns(tally.entity, tally.scope.slot)
+        aggregates.append((*aggregate, tally.count, tally.weight))
         bucket(tally, aggregate, m)
         for (hl, _), value in zip(board.decay, tally.trend, strict=True):
             rows.append((*aggregate, TREND, hl, 0, value))
     for tally, m in changed.moved:
         if tally.count:  # else gone, and listed so
             bucket(tally, _columns(tally.entity, tally.scope.slot), m)
-    yield Many(_DROP, [_columns(entity, slot) for entity, slot in changed.vanished])
+    vanished = [_columns(entity, slot) for entity, slot in changed.vanished]
+    yield Many(_DROP_AGGREGATE, vanished)
+    yield from put_aggregates(aggregates, AGGREGATES_AS_HELD)
+    yield Many(_DROP, vanished)
     yield Many(_DROP_ONE, gone)
     yield from put(BUCKETS_AS_HELD, rows)
     yield Exec(_GONE, (0, old_minute))

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tidal.server.core.batch import Batch
-from tidal.server.core.counts import CountsRead
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +27,9 @@ class Snapshot:
     cohorts: list[tuple[int, str, Any]]
     next_seq: int
     next_cohort_id: int
-    #: the aggregates table holds every signal up to this seq; later ledger rows follow
+    #: the aggregates and buckets tables hold every signal up to this seq
     watermark: int
-    #: seq, entity, kind, weight, forwarded, context, at_ns: every row past the aggregates'
-    #: watermark or the board's, whichever is lower
+    #: seq, entity, kind, weight, forwarded, context, at_ns: every row past the watermark
     ledger_tail: list[tuple[int, str, str, float, int, bytes | None, int]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
     keys: OrderedDict[str, tuple[int, bool, int]]
@@ -40,7 +38,6 @@ class Snapshot:
     next_block: int  # the first seq that no block of ledger_users lists yet
     users_tail: list[int]  # the users of the rows from there on, in seq order
     decay: list[tuple[int, int]]  # (half-life s, base ns) of each trend (``core.windows``)
-    board_seq: int  # the buckets table holds every signal up to this seq
     #: the aggregates table, and the board's buckets still read, for the board
     board_rows: list[tuple[str, int, int, str, str, int, float]]
     bucket_rows: list[tuple[str, int, int, str, str, int, int, int, float]]
@@ -62,9 +59,6 @@ class Storage(Protocol):
         """The batch's reads, then its writes in one transaction; raises ``StorageFailure``
         if it did not commit (and only then), or ``CommitUnknown`` if the answer to its
         COMMIT was lost (PostgreSQL)."""
-
-    async def read_counts(self, reads: list[CountsRead]) -> None:
-        """The table's share of ``counts`` reads, beside the writer (see ``reads``)."""
 
     def size(self) -> int:
         """Bytes the database takes (PostgreSQL: as last measured)."""

@@ -82,12 +82,12 @@ def read_blocks() -> Plan[dict[int, bytes]]:
 def withdraw(
     d: Dialect,
     w: past.Withdrawal,
-    watermarks: tuple[int, int],
+    watermark: int,
     blocks: dict[int, bytes],
     batch: Batch,
 ) -> Plan[None]:
     """A purge or an erase: change the user's rows, and take what they added off the
-    table now (rows up to ``watermark``) and off memory once committed (the rest). A user
+    tables now (rows up to ``watermark``) and off the board once committed (all). A user
     with no rows costs a search of ``blocks`` and no statement."""
     began = time.perf_counter()
     user = to_db(w.user_id)
@@ -99,7 +99,7 @@ def withdraw(
             seqs.update(found)
     listed = sorted(seq for seq in seqs if seq < w.before_seq)
     if listed:
-        yield from _withdraw_rows(d, w, user, d.seqs(listed), watermarks)
+        yield from _withdraw_rows(d, w, user, d.seqs(listed), watermark)
         yield from buckets.withdraw(w.board_table, batch.decay, batch.now_ns)
         if w.erase:
             for first, found in mine_by_block.items():  # no trace of the user in the blocks
@@ -109,7 +109,7 @@ def withdraw(
 
 
 def _withdraw_rows(
-    d: Dialect, w: past.Withdrawal, user: int, listed: object, watermarks: tuple[int, int]
+    d: Dialect, w: past.Withdrawal, user: int, listed: object, watermark: int
 ) -> Plan[None]:
     mine = f"{d.in_seqs} AND user_id = ?"  # a user's rows, by seq, in one argument
     if w.erase:
@@ -124,7 +124,7 @@ def _withdraw_rows(
             f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1"
             " RETURNING seq, entity, kind, weight, 1, context, COALESCE(at_ns, ts_ns)"
         )
-    w.take((yield Rows(query, (listed, user))), *watermarks)
+    w.take((yield Rows(query, (listed, user))), watermark)
     if w.table:
         yield from put_aggregates(rows_of(w.table))
         yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table])

@@ -15,10 +15,10 @@ from typing import Any, Final
 
 import msgpack
 
-from tidal.server.core import past, windows
+from tidal.server.core import ledger, past, windows
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import from_row
-from tidal.server.core.counts import CountsRead
+from tidal.server.core.counts import Deltas
 
 from . import buckets
 from . import past as storage_past
@@ -36,11 +36,9 @@ from .sqlbulk import (
     Plan,
     Put,
     Rows,
-    after_args,
     from_db,
     put_aggregates,
     rows_of,
-    slot_row,
     table_watermark,
     to_db,
 )
@@ -62,12 +60,6 @@ _KEYS: Final = Bulk(
     ("text", "bigint", "smallint", "bigint"),
     " ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, forwarded = excluded.forwarded,"
     " ts_ns = excluded.ts_ns",
-)
-_COUNTS: Final = "SELECT layer, cohort, name, kind, count, weight FROM aggregates WHERE entity = ?"
-_SELECT_COUNTS: Final = _COUNTS + " ORDER BY layer, cohort, name, kind LIMIT ?"
-_SELECT_COUNTS_AFTER: Final = (
-    _COUNTS + " AND (layer, cohort, name, kind) > (?, ?, ?, ?)"
-    " ORDER BY layer, cohort, name, kind LIMIT ?"
 )
 # ids below 2**63 (stored as they are), then those above (stored negative)
 _MEMBERS: Final = 'SELECT user_id, left_at_ns FROM memberships WHERE "left" = ?'
@@ -96,11 +88,14 @@ def load(
     meta = dict((yield Rows("SELECT key, value FROM meta")))
     watermark = int(meta.get("aggregates_seq", 0))
     decay, board_seq = yield from _board(meta, half_lives, now_ns, watermark)
+    if watermark > board_seq:
+        yield from _align(board_seq, watermark)
+        watermark = board_seq
     board_rows = yield Rows(
         "SELECT entity, layer, cohort, name, kind, count, weight FROM aggregates"
     )
     bucket_rows = yield Rows(buckets.SELECT)
-    tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (min(watermark, board_seq),))
+    tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (watermark,))
     newest_keys = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
         " ORDER BY ts_ns DESC LIMIT ?",
@@ -125,7 +120,6 @@ def load(
         next_block,
         users_tail,
         decay,
-        board_seq,
         board_rows,
         bucket_rows,
     )
@@ -134,6 +128,22 @@ def load(
 _ROWS: Final = (
     "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
 )
+
+
+def _align(board_seq: int, watermark: int) -> Plan[None]:
+    """A database written before the two tables shared a watermark: the aggregates table
+    ran to the end of each checkpoint's batch, the buckets to its start. The rows
+    between come off the aggregates table, so that both run to the lower."""
+    rows = yield Rows(_ROWS + " WHERE seq > ? AND seq <= ?", (board_seq, watermark))
+    deltas: Deltas = {}
+    for entity, kind, _, weight, _, cohorts, communities, _ in map(from_row, rows):
+        mine = deltas.setdefault(entity, {})
+        ledger.withdraw(mine, kind, weight, cohorts, communities, ledger_too=True)
+    yield Begin()
+    yield from put_aggregates(rows_of(deltas))
+    yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in deltas])
+    yield Exec(SET_META, ("aggregates_seq", board_seq))
+    yield Commit()
 
 
 def _board(
@@ -190,14 +200,12 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     (see ``CountsRead``). A batch that changes nothing costs no transaction.
     """
     for read in batch.reads:
-        if isinstance(read, CountsRead):
-            yield from read_counts(read)
-        elif isinstance(read, past.HistoryRead):
+        if isinstance(read, past.HistoryRead):
             args = (to_db(read.user_id), read.after_ns, read.limit)
             read.rows = yield Rows(storage_past.SELECT_HISTORY, args)
         else:
             read.rows = yield from storage_past.left_users(read.after, read.wanted())
-    if not batch.writes and batch.checkpoint is None and batch.retire is None:
+    if not batch.writes and batch.board_changed is None and batch.retire is None:
         if batch.reach:  # a health check: proof the database answers
             yield Rows("SELECT 1")
         return False
@@ -212,26 +220,23 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Exec(SET_META, ("health_probe_ns", time.time_ns()))
     if batch.forget_keys_before is not None:
         yield Exec("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
-    if batch.checkpoint is not None:
-        yield from put_aggregates(rows_of(batch.checkpoint))
-        yield Exec(SET_META, ("aggregates_seq", batch.checkpoint_seq))
-        if batch.board_state is not None and batch.board_changed is not None:
-            yield from buckets.checkpoint(batch.board_state, batch.board_changed, batch.now_ns)
+    if batch.board_state is not None and batch.board_changed is not None:
+        yield from buckets.checkpoint(batch.board_state, batch.board_changed, batch.now_ns)
+        yield Exec(SET_META, ("aggregates_seq", batch.first_seq - 1))
         yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
     if batch.users_blocks:
         yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
     if batch.past or batch.retire is not None:
         # after the checkpoint: what it wrote is the table these rows are withdrawn from
         watermark = yield from table_watermark()
-        board_seq = yield from buckets.watermark()
         # rows are about to go, maybe the newest: a seq once acknowledged is never
         # given again, so the next boot must not take its next seq from what is left
         yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
         blocks = (yield from storage_past.read_blocks()) if batch.past else {}
         for withdrawal in batch.past:
-            yield from storage_past.withdraw(d, withdrawal, (watermark, board_seq), blocks, batch)
-        if batch.retire is not None:  # only rows both tables hold
-            yield from storage_past.retire(batch, min(watermark, board_seq))
+            yield from storage_past.withdraw(d, withdrawal, watermark, blocks, batch)
+        if batch.retire is not None:  # only rows the tables hold
+            yield from storage_past.retire(batch, watermark)
         deleted = batch.retired + sum(w.signals for w in batch.past if w.erase)
         if deleted:  # so that boot knows how many rows there are without counting them
             yield Exec(ADD_META, ("ledger_deleted", deleted))
@@ -240,17 +245,6 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Put(storage_past.HISTORY, lines)
     yield Commit(batch_id)
     return True
-
-
-def read_counts(read: CountsRead) -> Plan[None]:
-    args: tuple[Any, ...]
-    if read.after is None:
-        query, args = _SELECT_COUNTS, (read.entity, read.limit + 1)
-    else:
-        query, args = _SELECT_COUNTS_AFTER, (read.entity, *after_args(read.after), read.limit + 1)
-    read.rows = [slot_row(row) for row in (yield Rows(query, args))]
-    if read.flushing_to is not None:  # a checkpoint was committing when memory was read
-        read.table_watermark = yield from table_watermark()
 
 
 def _write_cohorts(batch: Batch) -> Plan[None]:

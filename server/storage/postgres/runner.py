@@ -3,7 +3,7 @@
 One writer connection holds a session-level advisory lock for the server's life:
 one tidal per database. Every batch is one transaction on it, committed with
 ``synchronous_commit`` on, so an acknowledged write is on the database server's
-disk. A second connection reads ``counts`` beside the writer.
+disk. Reads are answered from memory, or read by the writer with its batch.
 
 The database may go away (restarted, failed over, unreachable). Writes and the
 reads that need it are then refused (error 2) and the writer reconnects, with
@@ -26,7 +26,6 @@ import asyncpg
 
 from tidal.server.config import Durability, redact
 from tidal.server.core.batch import Batch
-from tidal.server.core.counts import CountsRead
 from tidal.server.errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
 from tidal.server.storage import plans
 from tidal.server.storage.interface import Snapshot
@@ -74,10 +73,9 @@ class PgStorage:
         self._lock = AdvisoryLock(schema, writer.get_server_pid())
         self.commits = 0
         self._writer: asyncpg.Connection | None = writer
-        self._reader: asyncpg.Connection | None = None
         self._ids = BatchIds()
-        self._retry_at = {"writer": 0.0, "reader": 0.0}
-        self._backoff = {"writer": BACKOFF_FIRST, "reader": BACKOFF_FIRST}
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_FIRST
         self._down: str = ""
         self._size = 0
         self._sized_at = 0.0
@@ -134,7 +132,7 @@ class PgStorage:
         return snapshot
 
     async def commit(self, batch: Batch) -> None:
-        conn = await self._connection("writer")
+        conn = await self._connection()
         try:
             wrote = await run(conn, self._ids, plans.apply(POSTGRES, batch))
         except CommitLost as exc:
@@ -150,45 +148,33 @@ class PgStorage:
         if time.monotonic() - self._sized_at > SIZE_EVERY:
             await self._measure(conn)
 
-    async def read_counts(self, reads: list[CountsRead]) -> None:
-        conn = await self._connection("reader")
-        try:
-            for read in reads:
-                await run(conn, self._ids, plans.read_counts(read))
-        except Exception as exc:
-            raise self._failure("read", exc, conn) from exc
-
     def size(self) -> int:
         return self._size
 
     async def close(self) -> None:
-        for conn in (self._reader, self._writer):
-            if conn is not None:
-                await close_quietly(conn)  # the writer's session ends: the lock goes with it
-        self._reader = self._writer = None
+        if self._writer is not None:
+            await close_quietly(self._writer)  # the session ends: the lock goes with it
+        self._writer = None
 
     # -- the connections, and getting them back -------------------------------
 
-    async def _connection(self, role: str) -> asyncpg.Connection:
-        """The writer's or the reader's connection, reconnected if it was lost (the writer
-        retaking the lock, and checking the database is as it left it). While the database
-        cannot be reached, tries are spaced out (doubling, up to ``BACKOFF_MAX``)."""
-        conn = self._writer if role == "writer" else self._reader
+    async def _connection(self) -> asyncpg.Connection:
+        """The writer's connection, reconnected if it was lost (retaking the lock, and
+        checking the database is as it left it). While the database cannot be reached,
+        tries are spaced out (doubling, up to ``BACKOFF_MAX``)."""
+        conn = self._writer
         if conn is not None and not conn.is_closed():
             return conn
-        if time.monotonic() < self._retry_at[role]:
+        if time.monotonic() < self._retry_at:
             raise StorageFailure(self._down, transient=True, state="unavailable")
         try:
             conn = await self._connect()
         except Exception as exc:
             self._down = f"database unreachable ({why(exc)})"
-            self._retry_at[role] = time.monotonic() + self._backoff[role]
-            self._backoff[role] = min(BACKOFF_MAX, self._backoff[role] * 2)
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(BACKOFF_MAX, self._backoff * 2)
             raise StorageFailure(self._down, transient=True, state="unavailable") from exc
-        self._backoff[role] = BACKOFF_FIRST
-        if role == "reader":
-            self._reader = conn
-            return conn
+        self._backoff = BACKOFF_FIRST
         try:
             await self._fence(conn)
         except BaseException:

@@ -2,8 +2,8 @@
 
 One connection, one thread, one writer: every batch is one transaction and one
 call on that thread (its plan run whole there), whatever number of requests and
-connections it carries. A second, read-only connection reads ``counts`` beside
-the writer (WAL lets it).
+connections it carries. Reads are answered from memory, or read by the writer
+with its batch (``history``, ``left_users``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import aiosqlite
 
 from tidal.server.config import Durability
 from tidal.server.core.batch import Batch
-from tidal.server.core.counts import CountsRead
 from tidal.server.errors import StorageFailure
 from tidal.server.storage import plans
 from tidal.server.storage.interface import Snapshot
@@ -72,10 +71,8 @@ class _Connection(aiosqlite.Connection):
 class SqliteStorage:
     backend = "sqlite"
 
-    def __init__(self, db: _Connection, reader: _Connection, location: str) -> None:
+    def __init__(self, db: _Connection, location: str) -> None:
         self._db = db
-        #: WAL lets a reader beside the writer: ``counts`` need not wait for a commit
-        self._reader = reader
         self.location = location
         self.commits = 0
 
@@ -110,13 +107,7 @@ class SqliteStorage:
         except BaseException:
             await db.close()
             raise
-        try:
-            reader = cast(_Connection, await _Connection(connector, iter_chunk_size=256))
-            await reader.execute("PRAGMA query_only=ON")
-        except sqlite3.Error as exc:
-            await db.close()
-            raise schema.explain(location, exc) from None
-        return cls(db, reader, location)
+        return cls(db, location)
 
     async def load(
         self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
@@ -138,19 +129,6 @@ class SqliteStorage:
         if wrote:
             self.commits += 1
 
-    async def read_counts(self, reads: list[CountsRead]) -> None:
-        """The table's share of ``counts`` reads, beside the writer: one call on the reader's
-        thread for them all (see ``reads``)."""
-
-        def read_all(db: sqlite3.Connection) -> None:
-            for read in reads:
-                run(db, plans.read_counts(read))
-
-        try:
-            await self._reader.run(read_all)
-        except sqlite3.Error as exc:
-            raise StorageFailure(f"read failed: {exc}", transient=True) from exc
-
     def size(self) -> int:
         """Bytes on disk: the database file and its write-ahead log."""
         total = 0
@@ -160,7 +138,6 @@ class SqliteStorage:
         return total
 
     async def close(self) -> None:
-        await self._reader.close()
         await self._db.close()
 
 
