@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from array import array
 from pathlib import Path
 from typing import Any
@@ -423,3 +424,58 @@ async def test_an_erased_user_s_data_is_not_left_in_the_file(db_path: Path) -> N
     data = await asyncio.to_thread(folded, db_path)
     assert b"other-77c1" in data  # what was not erased is there, as it should be
     assert b"needle-5f3a" not in data and b"key-5f3a" not in data
+
+
+async def test_a_purge_and_an_erase_between_checkpoints_survive_kill_9(
+    database: Database,
+) -> None:
+    """A purge or erase leaves the tables as the last checkpoint wrote them and records
+    what it took off (``withdrawals``): after kill -9, boot takes it off again, so every
+    count, window and ranking shows only the user kept; the next checkpoint writes them
+    and the record goes."""
+    now = time.time_ns()
+    two_hours_ago = now - 2 * 3600 * 10**9
+    process = ServerProcess(
+        database.target, "--checkpoint-signals", "6", "--checkpoint-seconds", "3600"
+    )
+    await process.start()
+    async with await process.connect() as c:
+        for user in (1, 2, 3):
+            for at in (now, two_hours_ago):
+                await c.signal(user, "song", "view", float(user), communities=["x"], at_ns=at)
+        await c.signal(3, "other", "view", communities=["x"])  # a checkpoint holds the six
+        ((watermark,),) = await database.rows("SELECT value FROM meta WHERE key = 'aggregates_seq'")
+        assert int(watermark) >= 6, "no checkpoint holds the rows to be withdrawn"
+        assert (await c.purge(1)).signals == 2
+        assert (await c.erase(2)).signals == 2
+    assert len(await database.rows("SELECT id FROM withdrawals")) == 2
+    await process.kill9()
+
+    async def kept_only_user_3() -> None:
+        async with await process.connect() as c:
+            counts = await c.counts("song")
+            assert counts.ledger == {"view": Tally(4, 8.0)}  # users 1 (unforwarded) and 3
+            assert counts.communities == {"x": {"view": Tally(2, 6.0)}}
+            assert (await c.counts("song", window="1h")).communities == {
+                "x": {"view": Tally(1, 3.0)}
+            }
+            assert (await c.counts("song", window="24h")).communities == {
+                "x": {"view": Tally(2, 6.0)}
+            }
+            top = await c.top("community", "x", "view", by="weight", window="1h")
+            assert [(e.entity, e.count, e.weight) for e in top.entities] == [
+                ("song", 1, 3.0),
+                ("other", 1, 1.0),
+            ]
+
+    await process.start()
+    await kept_only_user_3()
+    assert await process.stop() == 0  # the last checkpoint writes what the records took off
+    assert await database.rows("SELECT id FROM withdrawals") == []
+    rows = await database.rows(
+        "SELECT count, weight FROM aggregates WHERE entity = 'song' AND layer = 2"
+    )
+    assert rows == [(2, 6.0)]
+    await process.start()
+    await kept_only_user_3()
+    assert await process.stop() == 0

@@ -136,11 +136,11 @@ class Board:
             tally.mc += sign
             tally.mw += weight
             if tally.epoch != self.epoch:
-                self._mark(tally, m)
+                self.mark(tally, m)
         else:
             if m > self.minute - _KEEP[0]:
                 self._bucket(tally, 0, m, sign, weight)
-            self._mark(tally, m)
+            self.mark(tally, m)
         trend = tally.trend
         for i, f in enumerate(factors):
             trend[i] += f
@@ -206,7 +206,7 @@ class Board:
             entry += complex(tally.hc, tally.hw)
         return entry if entry.real else None
 
-    def _mark(self, tally: Tally, m: int) -> None:
+    def mark(self, tally: Tally, m: int) -> None:
         """Minute ``m`` of the tally changed: the next checkpoint writes it. A tally marked
         afresh notes its newest minute, so that its newest minute's signals need no more."""
         if tally.epoch != self.epoch:
@@ -254,7 +254,7 @@ class Board:
         """A checkpoint that did not commit: its share is due again."""
         for tally, m in changed.dirty.items():
             if tally.epoch >= 0:  # else it vanished since, and is listed so
-                self._mark(tally, m)
+                self.mark(tally, m)
         self.moved |= changed.moved
         self.vanished[:0] = changed.vanished
 
@@ -329,6 +329,15 @@ class Board:
         tally.weight += weight
         return tally
 
+    def shrink(self, tally: Tally, count: int, weight: float) -> None:
+        """All-time totals taken off at boot (``take_off``); a tally left with no signal goes."""
+        tally.count += count
+        tally.weight += weight
+        self.mark(tally, tally.mk)
+        if not tally.count:
+            self._forget(tally)
+            self._unindex(tally)
+
     def load_bucket(self, tally: Tally, tier: int, bucket: int, count: int, weight: float) -> None:
         """A persisted bucket (tier 0, 1) or decayed sum (tier 2: ``bucket`` is the half-life)."""
         if tier == 2:
@@ -377,3 +386,21 @@ def fill(
         tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
         if tally is not None:  # else emptied, or of a cohort dropped
             board.load_bucket(tally, tier, bucket, count, weight)
+
+
+def take_off(
+    board: Board,
+    aggregates: Iterable[Sequence[Any]],
+    buckets: Iterable[Sequence[Any]],
+) -> None:
+    """What a purge or erase took off the tables, at boot, after ``fill``: the aggregates it
+    changed are marked, so that the next checkpoint writes them (see ``storage.buckets``)."""
+    for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
+        tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
+        if tally is not None:
+            board.load_bucket(tally, tier, bucket, count, weight)
+            board.mark(tally, bucket if tier == 0 else bucket * 60 if tier == 1 else tally.mk)
+    for entity, layer, cohort, name, kind, count, weight in aggregates:
+        tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
+        if tally is not None:
+            board.shrink(tally, count, weight)

@@ -19,9 +19,8 @@ from sortedcontainers import SortedList
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
 from tidal.server.errors import InvalidParams
 
-from . import params, windows
+from . import counts, params, windows
 from .board import Board
-from .counts import CountsRead
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
 from .tallies import Scope, Tally
 
@@ -138,14 +137,14 @@ def window_counts(
     board: Board, entity: str, window: int, cohort_names: dict[int, str],
     after: Slot | None, limit: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """``counts(entity, {"window": ...})``: the same page as all-time counts, from the board."""
+    """``counts(entity)``, all-time (``window`` -1) or in a window, from the board."""
     totals: dict[Slot, list[Any]] = {}
     for tally in board.tallies_of(entity):
         slot = tally.scope.slot
         count, weight = tally.window(window)
         if count and (after is None or slot > after):
             totals[slot] = [count, weight]
-    return CountsRead(entity, cohort_names, None, {}, totals, [], after, limit).answer()
+    return counts.page(entity, cohort_names, totals, after, limit)
 
 
 LAYERS: Final = {"ledger": LEDGER, "cohort": COHORT, "community": COMMUNITY}

@@ -86,7 +86,10 @@ class Engine:
             every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
         self.board = Board(snapshot.decay, clock())
-        board.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, set(self.cohorts.names()))
+        cohort_ids = set(self.cohorts.names())
+        board.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, cohort_ids)
+        for aggregate_rows, bucket_rows in snapshot.withdrawn:
+            board.take_off(self.board, aggregate_rows, bucket_rows)
         # past the tables' watermark: counted, and written by the next checkpoint
         self.board.add(board.from_row(r) for r in snapshot.ledger_tail)
         self.aggregates.signals_committed(len(snapshot.ledger_tail))

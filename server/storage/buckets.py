@@ -1,16 +1,25 @@
-"""The board on disk: each aggregate's minute and hour buckets, and its decayed sums.
+"""The board on disk: each aggregate's count and weight (``aggregates``), its minute and
+hour buckets and its decayed sums (``buckets``), and what purges took off since the last
+checkpoint (``withdrawals``).
 
-Like the aggregates table, ``buckets`` is a view of the ledger, up to its own
-watermark (``meta.board_seq``: the board holds what is committed, so a checkpoint
-writes it up to the batch before its own). A checkpoint writes the buckets of the
-tallies changed since the last as the board holds them, and a purge or erase
-takes off, in its own transaction, what it withdrew from rows up to the
-watermark. A row is (aggregate, tier, bucket):
-tier 0 a minute, tier 1 an hour (buckets past the longest window that reads
-them are deleted), tier 2 a forward-decayed sum, with the half-life in seconds
-as its bucket and the sum in ``weight``. Boot reads it all back; a database
-written before the table, or a half-life not seen before, is filled from the
-ledger as it stands (rows that retention deleted cannot be).
+Both tables are a view of the ledger, up to one watermark (``meta.aggregates_seq``,
+and ``board_seq``: the board holds what is committed, so a checkpoint writes it up
+to the batch before its own). A checkpoint writes the aggregates changed since
+the last as the board holds them. A ``buckets`` row is (aggregate, tier, bucket):
+tier 0 a minute, tier 1 an hour (buckets past the longest window that reads them
+are deleted), tier 2 a forward-decayed sum, with the half-life in seconds as its
+bucket and the sum in ``weight``.
+
+A purge or erase does not rewrite them: what it withdrew from rows up to the
+watermark, summed per aggregate and bucket, is one ``withdrawals`` record in its
+own transaction. Boot takes the records off what the tables hold (marking those
+aggregates changed); the next checkpoint writes them as the board then holds them
+and deletes the records. A purge then costs one row however many buckets it
+reaches, and an erased user's signals are kept nowhere but in the sums.
+
+Boot reads it all back; a database written before the tables, or a half-life not
+seen before, is filled from the ledger as it stands (rows that retention deleted
+cannot be).
 """
 
 from __future__ import annotations
@@ -19,12 +28,25 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
+import msgpack
+
 from tidal.server.core import windows
 from tidal.server.core.board import Board, Changed
-from tidal.server.core.ledger import COHORT, COMMUNITY, LEDGER, Slot
+from tidal.server.core.counts import Deltas
+from tidal.server.core.ledger import COHORT, Slot
+from tidal.server.core.sums import TREND, bucket_rows, horizons
 from tidal.server.core.tallies import Contribution, Tally
 
-from .sqlbulk import AGGREGATES_AS_HELD, Bulk, Exec, Many, Plan, put_aggregates, put_guarded
+from .sqlbulk import (
+    AGGREGATES_AS_HELD,
+    Bulk,
+    Exec,
+    Many,
+    Plan,
+    put_aggregates,
+    put_guarded,
+    rows_of,
+)
 
 log = logging.getLogger("tidal.storage")
 
@@ -45,63 +67,14 @@ _AGGREGATE: Final = "entity = ? AND layer = ? AND cohort = ? AND name = ? AND ki
 _DROP: Final = f"DELETE FROM buckets WHERE {_AGGREGATE}"
 _DROP_AGGREGATE: Final = f"DELETE FROM aggregates WHERE {_AGGREGATE}"
 _DROP_ONE: Final = f"DELETE FROM buckets WHERE {_AGGREGATE} AND tier = ? AND bucket = ?"
-TREND: Final = 2
 #: every row, in one scan (the board skips the buckets no window reads): through the index
 #: on time, each row would be a lookup, 4x slower for a million aggregates
 SELECT: Final = "SELECT entity, layer, cohort, name, kind, tier, bucket, count, weight FROM buckets"
 _GONE: Final = "DELETE FROM buckets WHERE tier = ? AND bucket <= ?"
-#: after a withdrawal: the buckets it emptied, and the decayed sums of aggregates it emptied
-_EMPTIED: Final = "DELETE FROM buckets WHERE entity = ? AND tier < 2 AND count = 0"
-_ORPHANS: Final = """
-    DELETE FROM buckets WHERE entity = ? AND tier = 2 AND NOT EXISTS (
-        SELECT 1 FROM aggregates a WHERE a.entity = buckets.entity AND a.layer = buckets.layer
-        AND a.cohort = buckets.cohort AND a.name = buckets.name AND a.kind = buckets.kind)"""
-
-
-def horizons(now_ns: int) -> tuple[int, int]:
-    """The newest minute and hour bucket no window reads any more."""
-    (minute, minutes), (hour, hours) = windows.TIERS
-    return now_ns // minute - minutes, now_ns // hour - hours
-
-
-def rows(
-    contributions: Iterable[Contribution], decay: Sequence[tuple[int, int]], now_ns: int,
-    trends_only: Sequence[int] | None = None,
-) -> list[tuple[Any, ...]]:  # fmt: skip
-    """``BUCKETS`` rows: the contributions summed per aggregate and bucket. With
-    ``trends_only``, only those half-lives' decayed sums."""
-    old_minute, old_hour = horizons(now_ns)
-    sums: dict[tuple[Any, ...], list[Any]] = {}
-
-    def add(key: tuple[Any, ...], count: int, weight: float) -> None:
-        entry = sums.get(key)
-        if entry is None:
-            sums[key] = [count, weight]
-        else:
-            entry[0] += count
-            entry[1] += weight
-
-    for entity, kind, sign, weight, at_ns, cohorts, communities, ledger_too in contributions:
-        columns = [(COHORT, cid, "") for cid in cohorts]
-        columns += [(COMMUNITY, 0, name) for name in communities]
-        if ledger_too:
-            columns.append((LEDGER, 0, ""))
-        m, h = at_ns // windows.MINUTE_NS, at_ns // windows.HOUR_NS
-        decayed = [
-            (hl, weight * windows.decay_factor(at_ns, base, hl))
-            for hl, base in decay
-            if trends_only is None or hl in trends_only
-        ]
-        for layer, cohort, name in columns:
-            aggregate = (entity, layer, cohort, name, kind)
-            if trends_only is None:
-                if m > old_minute:
-                    add((*aggregate, 0, m), sign, weight)
-                if h > old_hour:
-                    add((*aggregate, 1, h), sign, weight)
-            for hl, value in decayed:
-                add((*aggregate, TREND, hl), 0, value)
-    return [(*key, count, weight) for key, (count, weight) in sums.items()]
+_WITHDRAWN: Final = (
+    "INSERT INTO withdrawals (id, data)"
+    " VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM withdrawals), ?)"
+)
 
 
 def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
@@ -110,6 +83,7 @@ def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
     ``engine``), and the aggregates gone; then the buckets no window reads any more, out.
     Written as they are, over what the table held: a purge's share written in between
     is in them too."""
+    yield Exec("DELETE FROM withdrawals")  # each was taken off the board: written below
     old_minute, old_hour = horizons(now_ns)
     rows: list[tuple[Any, ...]] = []
     gone: list[tuple[Any, ...]] = []
@@ -163,19 +137,41 @@ def _columns(entity: str, slot: Slot) -> tuple[Any, ...]:
     return (entity, layer, cohort, name, kind)
 
 
-def _tidy(withdrawn: Iterable[str]) -> Plan[None]:
-    """What withdrawals emptied goes, as from a recompute: buckets, and the decayed sums
-    of aggregates that are gone (else a sum's rounding would outlive them)."""
-    entities = [(entity,) for entity in withdrawn]
-    if entities:
-        yield Many(_EMPTIED, entities)
-        yield Many(_ORPHANS, entities)
-
-
-def withdraw(contributions: list[Contribution], decay: list[tuple[int, int]],
+def withdraw(table: Deltas, contributions: list[Contribution], decay: list[tuple[int, int]],
              now_ns: int) -> Plan[None]:  # fmt: skip
-    """A purge's or erase's share, for rows up to the watermark; after the aggregates'."""
+    """A purge's or erase's share, for rows up to the watermark: one ``withdrawals`` record
+    (see above), with the bases its decayed sums were taken at."""
     if not contributions:
         return
-    yield from put(BUCKETS, rows(contributions, decay, now_ns))
-    yield from _tidy(dict.fromkeys(c[0] for c in contributions))
+    record = {
+        "decay": decay,
+        "aggregates": rows_of(table),
+        "buckets": bucket_rows(contributions, decay, now_ns),
+    }
+    yield Exec(_WITHDRAWN, (msgpack.packb(record, use_bin_type=True),))
+
+
+def withdrawn(
+    records: Iterable[tuple[bytes]], decay: Sequence[tuple[int, int]]
+) -> list[tuple[list[Any], list[Any]]]:
+    """The ``withdrawals`` records, oldest first, as (aggregates, buckets) rows to take off
+    at boot: decayed sums moved to the bases now in use (by powers of two: exact)."""
+    now = dict(decay)
+    out = []
+    for (data,) in records:
+        record = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        factors = {
+            hl: windows.rebase_factor(base, now[hl], hl)
+            for hl, base in record["decay"]
+            if hl in now
+        }
+        kept = []
+        for row in record["buckets"]:
+            if row[5] == TREND:
+                factor = factors.get(row[6])
+                if factor is None:
+                    continue  # a half-life no longer kept
+                row[8] *= factor
+            kept.append(row)
+        out.append((record["aggregates"], kept))
+    return out

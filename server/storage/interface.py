@@ -41,6 +41,9 @@ class Snapshot:
     #: the aggregates table, and the board's buckets still read, for the board
     board_rows: list[tuple[str, int, int, str, str, int, float]]
     bucket_rows: list[tuple[str, int, int, str, str, int, int, int, float]]
+    #: what purges and erases took off since the tables were written, to take off them:
+    #: (aggregates rows, buckets rows) as the tables hold them, oldest first
+    withdrawn: list[tuple[list[Any], list[Any]]]
 
 
 class Storage(Protocol):

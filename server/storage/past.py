@@ -19,12 +19,9 @@ from .sqlbulk import (
     Commit,
     Dialect,
     Exec,
-    Many,
     Plan,
     Rows,
     from_db,
-    put_aggregates,
-    rows_of,
     to_db,
 )
 
@@ -100,7 +97,7 @@ def withdraw(
     listed = sorted(seq for seq in seqs if seq < w.before_seq)
     if listed:
         yield from _withdraw_rows(d, w, user, d.seqs(listed), watermark)
-        yield from buckets.withdraw(w.board_table, batch.decay, batch.now_ns)
+        yield from buckets.withdraw(w.table, w.board_table, batch.decay, batch.now_ns)
         if w.erase:
             for first, found in mine_by_block.items():  # no trace of the user in the blocks
                 blocks[first] = userrows.blank(blocks[first], first, found)
@@ -125,9 +122,6 @@ def _withdraw_rows(
             " RETURNING seq, entity, kind, weight, 1, context, COALESCE(at_ns, ts_ns)"
         )
     w.take((yield Rows(query, (listed, user))), watermark)
-    if w.table:
-        yield from put_aggregates(rows_of(w.table))
-        yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in w.table])
 
 
 def catch_up_blocks(next_seq: int) -> Plan[tuple[int, list[int]]]:

@@ -1,8 +1,7 @@
 """What each storage call does, statement by statement, for both backends (see ``sqlbulk``).
 
-The boot's load, a batch's reads and writes in one transaction, and the table's
-share of a ``counts``: written once, as plans, and run by ``storage_sqlite`` or
-``storage_pg``.
+The boot's load, and a batch's reads and writes in one transaction: written once,
+as plans, and run by ``storage_sqlite`` or ``storage_pg``.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from tidal.server.core import ledger, past, windows
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import from_row
 from tidal.server.core.counts import Deltas
+from tidal.server.core.sums import bucket_rows
 
 from . import buckets
 from . import past as storage_past
@@ -95,6 +95,7 @@ def load(
         "SELECT entity, layer, cohort, name, kind, count, weight FROM aggregates"
     )
     bucket_rows = yield Rows(buckets.SELECT)
+    withdrawn = buckets.withdrawn((yield Rows("SELECT data FROM withdrawals ORDER BY id")), decay)
     tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (watermark,))
     newest_keys = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
@@ -122,6 +123,7 @@ def load(
         decay,
         board_rows,
         bucket_rows,
+        withdrawn,
     )
 
 
@@ -180,7 +182,7 @@ def _board(
         if behind:
             yield Exec("DELETE FROM buckets")
         only = None if behind else missing
-        yield from buckets.put(buckets.BUCKETS, buckets.rows(contributions, decay, now_ns, only))
+        yield from buckets.put(buckets.BUCKETS, bucket_rows(contributions, decay, now_ns, only))
         log.info(
             "filled the board's buckets from %d ledger rows (rows that retention deleted are"
             " in all-time counts only)",
@@ -196,8 +198,8 @@ def _board(
 def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     """The batch's reads, then its writes in one transaction. True if one was committed.
 
-    Reads come first so that a read never sees a checkpoint taken in its own batch
-    (see ``CountsRead``). A batch that changes nothing costs no transaction.
+    Reads come first: ``history`` and ``left_users`` lay over what they read the writes
+    their batch carries (see ``past``). A batch that changes nothing costs no transaction.
     """
     for read in batch.reads:
         if isinstance(read, past.HistoryRead):

@@ -18,7 +18,7 @@ from tidal.server.errors import DatabaseUnusable
 log = logging.getLogger("tidal.storage")
 
 #: Each entry takes the schema from version i to i + 1. Version 1 is SQLite's version 4,
-#: version 2 its version 5.
+#: version 2 its version 5, version 3 its version 6.
 MIGRATIONS: Final[list[list[str]]] = [
     [
         """CREATE TABLE ledger (
@@ -88,6 +88,10 @@ MIGRATIONS: Final[list[list[str]]] = [
             PRIMARY KEY (entity, layer, cohort, name, kind, tier, bucket)
         )""",
         "CREATE INDEX buckets_by_time ON buckets (tier, bucket)",
+    ],
+    [
+        # SQLite's version 6: what a purge or erase took off, until the next checkpoint
+        "CREATE TABLE withdrawals (id BIGINT PRIMARY KEY, data BYTEA NOT NULL)",
     ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)

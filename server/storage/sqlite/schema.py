@@ -121,6 +121,11 @@ MIGRATIONS: Final[list[list[str]]] = [
         ) WITHOUT ROWID""",
         "CREATE INDEX buckets_by_time ON buckets (tier, bucket)",
     ],
+    [
+        # what a purge or erase took off the tables, until the next checkpoint writes the
+        # aggregates it changed (storage/buckets.py)
+        "CREATE TABLE withdrawals (id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
