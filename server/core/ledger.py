@@ -3,8 +3,9 @@
 Every signal becomes one row. Its context records what the signal named
 (communities, attrs) and which cohorts it reached, so the ledger alone can
 rebuild every aggregate: at boot past the last checkpoint, and for whatever
-later reads the past. Counting a signal live, counting its row again, and
-withdrawing it (purge, erase) must agree, so all three go through here.
+later reads the past. Counting a signal, counting its row again, and withdrawing
+it (purge, erase) must agree: each reads a row's reach with ``decode`` and its
+weight with ``row_weight``.
 """
 
 from __future__ import annotations
@@ -55,35 +56,6 @@ def row_weight(weight: float) -> float:
     return math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
 
 
-def bump(tallies: dict[Slot, list[Any]], slot: Slot, weight: float) -> int:
-    """One signal more in ``slot``; 1 if that made a new tally."""
-    tally = tallies.get(slot)
-    if tally is None:
-        tallies[slot] = [1, weight]
-        return 1
-    tally[0] += 1
-    tally[1] += weight
-    return 0
-
-
-def count(
-    tallies: dict[Slot, list[Any]],
-    kind: str,
-    weight: float,
-    cohorts: Sequence[int],
-    communities: Sequence[str],
-) -> int:
-    """One signal into an entity's tallies: the ledger always; each cohort it matched and
-    each community it named only if it was forwarded (a gated signal passes none).
-    Returns how many tallies it made."""
-    made = bump(tallies, (LEDGER, "", kind), weight)
-    for cid in cohorts:
-        made += bump(tallies, (COHORT, cid, kind), weight)
-    for name in communities:
-        made += bump(tallies, (COMMUNITY, name, kind), weight)
-    return made
-
-
 def withdraw(
     tallies: dict[Slot, list[Any]],
     kind: str,
@@ -93,8 +65,8 @@ def withdraw(
     *,
     ledger_too: bool,
 ) -> None:
-    """``count`` undone, as negative tallies: a forwarded row's cohorts and communities
-    (purge), and with ``ledger_too`` its ledger layer as well (erase)."""
+    """A row's signal undone, as negative tallies: a forwarded row's cohorts and
+    communities (purge), and with ``ledger_too`` its ledger layer as well (erase)."""
     slots: list[Slot] = [(LEDGER, "", kind)] if ledger_too else []
     slots += [(COHORT, cid, kind) for cid in cohorts]
     slots += [(COMMUNITY, name, kind) for name in communities]

@@ -10,9 +10,9 @@ recompute from the ledger, as it then stands, would give.
 The rows are on disk: what a purge withdraws is known only once the writer has
 read them, in the transaction that changes them. Nothing waits for that. A
 purge takes its place in the order requests are read, as every write does: it
-reaches the rows of the user read before it (``before_seq``), and a ``counts``
-read after it takes off what it withdraws, once that is known, before answering
-(see ``Pending``).
+reaches the rows of the user read before it (``before_seq``), and a ``counts`` or
+``top`` read after it waits for its commit, when the board has taken off what it
+withdrew.
 """
 
 from __future__ import annotations
