@@ -33,7 +33,8 @@ COMPILED = {
     "server/net": ["connection", "flow", "replies"],
     "server/core": [
         "aggregates", "batch", "board", "cohorts", "counts", "keys", "ledger", "matching",
-        "members", "params", "past", "ranking", "replies", "signals", "sums", "tallies", "windows",
+        "members", "params", "past", "ranking", "replies", "restore", "signals", "sums", "tallies",
+        "windows",
     ],
     "server/engine": ["changes", "committer", "delivery", "engine", "health", "ranked", "reads"],
 }  # fmt: skip

@@ -12,25 +12,25 @@ the bucket that leaves it (``advance``), found in a map per tier from bucket to
 the tallies with signals in it, so no signal is visited twice. Memory per
 aggregate: one tally, plus one small entry per minute and per hour it has
 signals in (a day of minutes, 30 days of hours). The rules of time are in
-``windows``; the order of a ranking is kept in ``ranking``.
+``windows``; the order of a ranking is kept in ``ranking``; boot rebuilds it with
+``restore``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, NamedTuple, TypeAlias
+from typing import NamedTuple, TypeAlias
 
-from . import ledger, windows
+from . import windows
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
 from .tallies import Bucket, Contribution, Dirty, Scope, Tally, bump
-from .windows import HOUR_NS, MINUTE_NS
+from .windows import HOUR_NS, KEEP, MINUTE_NS
 
 #: a tally's key among its entity's of one kind: a cohort's id, a community's name, or
 #: None for the ledger (no community is named None, no cohort id is a str)
 Key: TypeAlias = int | str | None
 
 #: the tiers' bucket maps are kept this far back (and the windows read no further)
-_KEEP: Final = tuple(n for _, n in windows.TIERS)
 
 
 class Changed(NamedTuple):
@@ -110,7 +110,7 @@ class Board:
         if tally is None:
             if sign < 0:
                 return
-            tally = mine[key] = self._new(slot_of(key, kind), entity)
+            tally = mine[key] = self.new_tally(slot_of(key, kind), entity)
         tally.count += sign
         tally.weight += weight
         if bits == windows.ALL_WINDOWS:
@@ -130,7 +130,7 @@ class Board:
         if h == tally.hk:
             tally.hc += sign
             tally.hw += weight
-        elif h > self.hour - _KEEP[1]:
+        elif h > self.hour - KEEP[1]:
             self._bucket(tally, 1, h, sign, weight)
         if m == tally.mk:  # the common case: its newest minute, no map touched
             tally.mc += sign
@@ -138,7 +138,7 @@ class Board:
             if tally.epoch != self.epoch:
                 self.mark(tally, m)
         else:
-            if m > self.minute - _KEEP[0]:
+            if m > self.minute - KEEP[0]:
                 self._bucket(tally, 0, m, sign, weight)
             self.mark(tally, m)
         trend = tally.trend
@@ -151,7 +151,7 @@ class Board:
             self._forget(tally)
             del mine[key]
 
-    def _new(self, slot: Slot, entity: str) -> Tally:
+    def new_tally(self, slot: Slot, entity: str) -> Tally:
         scope = self.scopes.get(slot)
         if scope is None:
             scope = self.scopes[slot] = Scope(slot)
@@ -228,6 +228,11 @@ class Board:
         if not scope.tallies and not scope.orders:
             del self.scopes[scope.slot]
 
+    def drop(self, tally: Tally) -> None:
+        """A tally taken out of its scope and of ``by_entity``, listed as vanished."""
+        self._forget(tally)
+        self._unindex(tally)
+
     def _unindex(self, tally: Tally) -> None:
         layer, key, kind = tally.scope.slot
         kinds = self.by_entity[tally.entity]
@@ -263,8 +268,7 @@ class Board:
         gone = [s for slot, s in self.scopes.items() if slot[0] == COHORT and slot[1] not in ids]
         for scope in gone:
             for tally in list(scope.tallies.values()):
-                self._forget(tally)
-                self._unindex(tally)
+                self.drop(tally)
             self.scopes.pop(scope.slot, None)
         if gone:
             lost = set(gone)
@@ -298,7 +302,7 @@ class Board:
                         tally.shift(window, -int(entry.real), -entry.imag)
                         if tally.scope.orders:
                             tally.scope.dirty.add(tally.entity)
-        for b in [b for b in buckets if b <= current - _KEEP[tier]]:
+        for b in [b for b in buckets if b <= current - KEEP[tier]]:
             del buckets[b]
         if tier == 0:
             self.minute = current
@@ -307,100 +311,8 @@ class Board:
 
     # -- boot ------------------------------------------------------------------
 
-    def find(self, entity: str, slot: Slot) -> Tally | None:
-        layer, key, kind = slot
-        mine = self.by_entity.get(entity, {}).get(kind)
-        return None if mine is None else mine.get(None if layer == LEDGER else key)
-
-    def load(self, slot: Slot, entity: str, count: int, weight: float) -> Tally:
-        """A tally as the aggregates table holds it (all-time), before its buckets."""
-        layer, key, kind = slot
-        kinds = self.by_entity.get(entity)
-        if kinds is None:
-            kinds = self.by_entity[entity] = {}
-        mine = kinds.get(kind)
-        if mine is None:
-            mine = kinds[kind] = {}
-        index = None if layer == LEDGER else key
-        tally = mine.get(index)
-        if tally is None:
-            tally = mine[index] = self._new(slot, entity)
-        tally.count += count
-        tally.weight += weight
-        return tally
-
-    def shrink(self, tally: Tally, count: int, weight: float) -> None:
-        """All-time totals taken off at boot (``take_off``); a tally left with no signal goes."""
-        tally.count += count
-        tally.weight += weight
-        self.mark(tally, tally.mk)
-        if not tally.count:
-            self._forget(tally)
-            self._unindex(tally)
-
-    def load_bucket(self, tally: Tally, tier: int, bucket: int, count: int, weight: float) -> None:
-        """A persisted bucket (tier 0, 1) or decayed sum (tier 2: ``bucket`` is the half-life)."""
-        if tier == 2:
-            for i, (hl, _) in enumerate(self.decay):
-                if hl == bucket:
-                    tally.trend[i] += weight
-            return
-        current = self.minute if tier == 0 else self.hour
-        if bucket <= current - _KEEP[tier] or not count:
-            return
-        tier_buckets = self.buckets[tier]
-        into = tier_buckets.get(bucket)
-        if into is None:
-            into = tier_buckets[bucket] = {}
-        bump(into, tally, complex(count, weight))
-        for window in (0, 1) if tier == 0 else (2, 3):
-            if windows.holds(window, bucket, current):
-                tally.shift(window, count, weight)
-
 
 def slot_of(key: Key, kind: str) -> Slot:
     if key is None:
         return (LEDGER, "", kind)
     return (COHORT, key, kind) if isinstance(key, int) else (COMMUNITY, key, kind)
-
-
-def from_row(row: Sequence[Any]) -> Contribution:
-    """What a ledger row (seq, entity, kind, weight, forwarded, context, at_ns) adds."""
-    _, entity, kind, weight, forwarded, context, at_ns = row
-    communities, _, cohorts = ledger.decode(context if forwarded else None)
-    return (entity, kind, 1, ledger.row_weight(weight), at_ns, cohorts, communities, True)
-
-
-def fill(
-    board: Board,
-    aggregates: Iterable[tuple[str, int, int, str, str, int, float]],
-    buckets: Iterable[tuple[str, int, int, str, str, int, int, int, float]],
-    cohort_ids: set[int],
-) -> None:
-    """The board as the tables hold it at boot (dropped cohorts' rows left out)."""
-    for entity, layer, cohort, name, kind, count, weight in aggregates:
-        if not count or (layer == COHORT and cohort not in cohort_ids):
-            continue
-        board.load((layer, cohort if layer == COHORT else name, kind), entity, count, weight)
-    for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
-        tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
-        if tally is not None:  # else emptied, or of a cohort dropped
-            board.load_bucket(tally, tier, bucket, count, weight)
-
-
-def take_off(
-    board: Board,
-    aggregates: Iterable[Sequence[Any]],
-    buckets: Iterable[Sequence[Any]],
-) -> None:
-    """What a purge or erase took off the tables, at boot, after ``fill``: the aggregates it
-    changed are marked, so that the next checkpoint writes them (see ``storage.buckets``)."""
-    for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
-        tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
-        if tally is not None:
-            board.load_bucket(tally, tier, bucket, count, weight)
-            board.mark(tally, bucket if tier == 0 else bucket * 60 if tier == 1 else tally.mk)
-    for entity, layer, cohort, name, kind, count, weight in aggregates:
-        tally = board.find(entity, (layer, cohort if layer == COHORT else name, kind))
-        if tally is not None:
-            board.shrink(tally, count, weight)

@@ -38,6 +38,8 @@ WINDOWS: Final = (("1h", MINUTE_NS, 60), ("24h", MINUTE_NS, 1440), ("7d", HOUR_N
 WINDOW_NAMES: Final = ("all", *(name for name, _, _ in WINDOWS))
 #: the two tiers of buckets: minutes (kept a day), hours (kept 30 days)
 TIERS: Final = ((MINUTE_NS, 1440), (HOUR_NS, 720))
+#: ... so the buckets each tier keeps, and the windows read no further back
+KEEP: Final = tuple(n for _, n in TIERS)
 ALL_WINDOWS: Final = 0b1111
 BASE_AHEAD: Final = 500
 STALE_AFTER: Final = 100  # half-lives past the base: moved at the next boot

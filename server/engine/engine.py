@@ -22,7 +22,7 @@ from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
-from tidal.server.core import board, ledger, params
+from tidal.server.core import ledger, params, restore
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import Board
@@ -87,11 +87,11 @@ class Engine:
         )
         self.board = Board(snapshot.decay, clock())
         cohort_ids = set(self.cohorts.names())
-        board.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, cohort_ids)
+        restore.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, cohort_ids)
         for aggregate_rows, bucket_rows in snapshot.withdrawn:
-            board.take_off(self.board, aggregate_rows, bucket_rows)
+            restore.take_off(self.board, aggregate_rows, bucket_rows)
         # past the tables' watermark: counted, and written by the next checkpoint
-        self.board.add(board.from_row(r) for r in snapshot.ledger_tail)
+        self.board.add(restore.from_row(r) for r in snapshot.ledger_tail)
         self.aggregates.signals_committed(len(snapshot.ledger_tail))
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq

@@ -16,8 +16,8 @@ import msgpack
 
 from tidal.server.core import ledger, past, windows
 from tidal.server.core.batch import Batch
-from tidal.server.core.board import from_row
 from tidal.server.core.counts import Deltas
+from tidal.server.core.restore import from_row
 from tidal.server.core.sums import bucket_rows
 
 from . import buckets

@@ -1,0 +1,111 @@
+"""The board rebuilt at boot: from the tables (``fill``), less what purges and erases took
+off since they were written (``take_off``), then the ledger rows past their watermark
+(``from_row``, as ``Board.add`` takes them). Per aggregate and bucket, so compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from . import ledger, windows
+from .board import Board
+from .ledger import COHORT, LEDGER, Slot
+from .tallies import Contribution, Tally, bump
+from .windows import KEEP
+
+
+def load(board: Board, slot: Slot, entity: str, count: int, weight: float) -> Tally:
+    """A tally as the aggregates table holds it (all-time), before its buckets."""
+    layer, key, kind = slot
+    kinds = board.by_entity.get(entity)
+    if kinds is None:
+        kinds = board.by_entity[entity] = {}
+    mine = kinds.get(kind)
+    if mine is None:
+        mine = kinds[kind] = {}
+    index = None if layer == LEDGER else key
+    tally = mine.get(index)
+    if tally is None:
+        tally = mine[index] = board.new_tally(slot, entity)
+    tally.count += count
+    tally.weight += weight
+    return tally
+
+
+def load_bucket(
+    board: Board, tally: Tally, tier: int, bucket: int, count: int, weight: float
+) -> None:
+    """A persisted bucket (tier 0, 1) or decayed sum (tier 2: ``bucket`` is the half-life)."""
+    if tier == 2:
+        for i, (hl, _) in enumerate(board.decay):
+            if hl == bucket:
+                tally.trend[i] += weight
+        return
+    current = board.minute if tier == 0 else board.hour
+    if bucket <= current - KEEP[tier] or not count:
+        return
+    tier_buckets = board.buckets[tier]
+    into = tier_buckets.get(bucket)
+    if into is None:
+        into = tier_buckets[bucket] = {}
+    bump(into, tally, complex(count, weight))
+    for window in (0, 1) if tier == 0 else (2, 3):
+        if windows.holds(window, bucket, current):
+            tally.shift(window, count, weight)
+
+
+def from_row(row: Sequence[Any]) -> Contribution:
+    """What a ledger row (seq, entity, kind, weight, forwarded, context, at_ns) adds."""
+    _, entity, kind, weight, forwarded, context, at_ns = row
+    communities, _, cohorts = ledger.decode(context if forwarded else None)
+    return (entity, kind, 1, ledger.row_weight(weight), at_ns, cohorts, communities, True)
+
+
+def fill(
+    board: Board,
+    aggregates: Iterable[tuple[str, int, int, str, str, int, float]],
+    buckets: Iterable[tuple[str, int, int, str, str, int, int, int, float]],
+    cohort_ids: set[int],
+) -> None:
+    """The board as the tables hold it at boot (dropped cohorts' rows left out)."""
+    for entity, layer, cohort, name, kind, count, weight in aggregates:
+        if not count or (layer == COHORT and cohort not in cohort_ids):
+            continue
+        load(board, (layer, cohort if layer == COHORT else name, kind), entity, count, weight)
+    for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
+        tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
+        if tally is not None:  # else emptied, or of a cohort dropped
+            load_bucket(board, tally, tier, bucket, count, weight)
+
+
+def take_off(
+    board: Board,
+    aggregates: Iterable[Sequence[Any]],
+    buckets: Iterable[Sequence[Any]],
+) -> None:
+    """What a purge or erase took off the tables, at boot, after ``fill``: the aggregates it
+    changed are marked, so that the next checkpoint writes them (see ``storage.buckets``)."""
+    for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
+        tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
+        if tally is not None:
+            load_bucket(board, tally, tier, bucket, count, weight)
+            board.mark(tally, bucket if tier == 0 else bucket * 60 if tier == 1 else tally.mk)
+    for entity, layer, cohort, name, kind, count, weight in aggregates:
+        tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
+        if tally is not None:
+            shrink(board, tally, count, weight)
+
+
+def find(board: Board, entity: str, slot: Slot) -> Tally | None:
+    layer, key, kind = slot
+    mine = board.by_entity.get(entity, {}).get(kind)
+    return None if mine is None else mine.get(None if layer == LEDGER else key)
+
+
+def shrink(board: Board, tally: Tally, count: int, weight: float) -> None:
+    """All-time totals taken off (``take_off``); a tally left with no signal goes."""
+    tally.count += count
+    tally.weight += weight
+    board.mark(tally, tally.mk)
+    if not tally.count:
+        board.drop(tally)
