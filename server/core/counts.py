@@ -1,13 +1,10 @@
-"""A ``counts`` reply: an entity's aggregates in pages, and the shape of aggregate deltas."""
+"""A ``counts`` reply: an entity's aggregates in pages."""
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any
 
 from .ledger import COHORT, LEDGER, Slot
-
-#: entity -> slot -> [count, weight]
-Deltas: TypeAlias = dict[str, dict[Slot, list[Any]]]
 
 
 def page(

@@ -54,26 +54,3 @@ def row_weight(weight: float) -> float:
     if -WEIGHT_MAX <= weight <= WEIGHT_MAX:
         return weight
     return math.copysign(WEIGHT_MAX, weight) if weight == weight else 0.0
-
-
-def withdraw(
-    tallies: dict[Slot, list[Any]],
-    kind: str,
-    weight: float,
-    cohorts: Sequence[int],
-    communities: Sequence[str],
-    *,
-    ledger_too: bool,
-) -> None:
-    """A row's signal undone, as negative tallies: a forwarded row's cohorts and
-    communities (purge), and with ``ledger_too`` its ledger layer as well (erase)."""
-    slots: list[Slot] = [(LEDGER, "", kind)] if ledger_too else []
-    slots += [(COHORT, cid, kind) for cid in cohorts]
-    slots += [(COMMUNITY, name, kind) for name in communities]
-    for slot in slots:
-        tally = tallies.get(slot)
-        if tally is None:
-            tallies[slot] = [-1, -weight]
-        else:
-            tally[0] -= 1
-            tally[1] -= weight

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from . import ledger
-from .counts import Deltas
 from .replies import Later
 from .tallies import Contribution
 
@@ -36,9 +35,9 @@ PastRow: TypeAlias = tuple[int, str, str, float, int, bytes | None, int]
 
 @dataclass(slots=True, eq=False)
 class Withdrawal:
-    """One purge or erase of one user. The writer fills in what it withdrew: ``table``
-    from the aggregates table (rows up to its watermark), in the same transaction; the
-    board takes all of it off when the batch has committed."""
+    """One purge or erase of one user. The writer fills in what it withdrew, as the board
+    takes it off when the batch has committed: from rows up to the tables' watermark
+    (which its transaction also records, see ``storage.buckets``), and from the rest."""
 
     user_id: int
     before_seq: int  # the user's rows below this seq: those read before the request
@@ -46,9 +45,6 @@ class Withdrawal:
     at_ns: int
     recent: list[int] = field(default_factory=list)  # the user's rows not yet in a block
     signals: int = 0  # rows withdrawn from (purge) or deleted (erase)
-    table: Deltas = field(default_factory=dict)
-    #: the same, as the board takes it off: rows up to the watermark (whose buckets the
-    #: writer also takes off the table, in the transaction), and the rest
     board_table: list[Contribution] = field(default_factory=list)
     board_live: list[Contribution] = field(default_factory=list)
     keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
@@ -63,7 +59,6 @@ class Withdrawal:
         tables hold the rows up to ``watermark``."""
         reached: dict[bytes | None, tuple[list[str], list[int]]] = {}  # contexts repeat
         erase = self.erase
-        table = self.table
         for seq, entity, kind, weight, forwarded, context, at_ns in rows:
             old = seq <= watermark
             communities: Sequence[str] = ()
@@ -76,14 +71,7 @@ class Withdrawal:
                 communities, cohorts = known
             weight = ledger.row_weight(weight)
             taken = (entity, kind, -1, -weight, at_ns, cohorts, communities, erase)
-            if old:
-                tallies = table.get(entity)
-                if tallies is None:
-                    tallies = table[entity] = {}
-                ledger.withdraw(tallies, kind, weight, cohorts, communities, ledger_too=erase)
-                self.board_table.append(taken)
-            else:
-                self.board_live.append(taken)
+            (self.board_table if old else self.board_live).append(taken)
             self.signals += 1
 
 

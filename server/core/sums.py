@@ -1,6 +1,6 @@
-"""What contributions add up to per aggregate and bucket, as the ``buckets`` table keeps
-them: a purge's or erase's share for its ``withdrawals`` record, or a half-life filled
-from the ledger. Per ledger row withdrawn, so compiled."""
+"""What contributions add up to per aggregate and bucket, as the ``aggregates`` and
+``buckets`` tables keep them: a purge's or erase's share for its ``withdrawals``
+record, or a half-life filled from the ledger. Per ledger row withdrawn, so compiled."""
 
 from __future__ import annotations
 
@@ -20,6 +20,34 @@ def horizons(now_ns: int) -> tuple[int, int]:
     return now_ns // minute - minutes, now_ns // hour - hours
 
 
+def _columns(
+    cohorts: Sequence[int], communities: Sequence[str], ledger_too: bool
+) -> list[tuple[int, int, str]]:
+    """The (layer, cohort, name) of each aggregate a contribution reaches."""
+    columns: list[tuple[int, int, str]] = [(COHORT, cid, "") for cid in cohorts]
+    for name in communities:
+        columns.append((COMMUNITY, 0, name))
+    if ledger_too:
+        columns.append((LEDGER, 0, ""))
+    return columns
+
+
+def aggregate_rows(contributions: Iterable[Contribution]) -> list[tuple[Any, ...]]:
+    """(entity, layer, cohort, name, kind, count, weight) rows: the contributions summed
+    per aggregate, as the ``aggregates`` table keeps them."""
+    sums: dict[tuple[Any, ...], list[Any]] = {}
+    for entity, kind, sign, weight, _, cohorts, communities, ledger_too in contributions:
+        for layer, cohort, name in _columns(cohorts, communities, ledger_too):
+            key = (entity, layer, cohort, name, kind)
+            entry = sums.get(key)
+            if entry is None:
+                sums[key] = [sign, weight]
+            else:
+                entry[0] += sign
+                entry[1] += weight
+    return [(*key, count, weight) for key, (count, weight) in sums.items()]
+
+
 def bucket_rows(
     contributions: Iterable[Contribution], decay: Sequence[tuple[int, int]], now_ns: int,
     trends_only: Sequence[int] | None = None,
@@ -31,11 +59,7 @@ def bucket_rows(
     old_minute, old_hour = horizons(now_ns)
     sums: dict[tuple[Any, ...], list[Any]] = {}
     for entity, kind, sign, weight, at_ns, cohorts, communities, ledger_too in contributions:
-        columns: list[tuple[int, int, str]] = [(COHORT, cid, "") for cid in cohorts]
-        for name in communities:
-            columns.append((COMMUNITY, 0, name))
-        if ledger_too:
-            columns.append((LEDGER, 0, ""))
+        columns = _columns(cohorts, communities, ledger_too)
         m = at_ns // windows.MINUTE_NS
         h = at_ns // windows.HOUR_NS
         decayed: list[tuple[int, float]] = []

@@ -32,9 +32,8 @@ import msgpack
 
 from tidal.server.core import windows
 from tidal.server.core.board import Board, Changed
-from tidal.server.core.counts import Deltas
 from tidal.server.core.ledger import COHORT, Slot
-from tidal.server.core.sums import TREND, bucket_rows, horizons
+from tidal.server.core.sums import TREND, aggregate_rows, bucket_rows, horizons
 from tidal.server.core.tallies import Contribution, Tally
 
 from .sqlbulk import (
@@ -45,7 +44,6 @@ from .sqlbulk import (
     Plan,
     put_aggregates,
     put_guarded,
-    rows_of,
 )
 
 log = logging.getLogger("tidal.storage")
@@ -137,7 +135,7 @@ def _columns(entity: str, slot: Slot) -> tuple[Any, ...]:
     return (entity, layer, cohort, name, kind)
 
 
-def withdraw(table: Deltas, contributions: list[Contribution], decay: list[tuple[int, int]],
+def withdraw(contributions: list[Contribution], decay: list[tuple[int, int]],
              now_ns: int) -> Plan[None]:  # fmt: skip
     """A purge's or erase's share, for rows up to the watermark: one ``withdrawals`` record
     (see above), with the bases its decayed sums were taken at."""
@@ -145,7 +143,7 @@ def withdraw(table: Deltas, contributions: list[Contribution], decay: list[tuple
         return
     record = {
         "decay": decay,
-        "aggregates": rows_of(table),
+        "aggregates": aggregate_rows(contributions),
         "buckets": bucket_rows(contributions, decay, now_ns),
     }
     yield Exec(_WITHDRAWN, (msgpack.packb(record, use_bin_type=True),))

@@ -97,7 +97,7 @@ def withdraw(
     listed = sorted(seq for seq in seqs if seq < w.before_seq)
     if listed:
         yield from _withdraw_rows(d, w, user, d.seqs(listed), watermark)
-        yield from buckets.withdraw(w.table, w.board_table, batch.decay, batch.now_ns)
+        yield from buckets.withdraw(w.board_table, batch.decay, batch.now_ns)
         if w.erase:
             for first, found in mine_by_block.items():  # no trace of the user in the blocks
                 blocks[first] = userrows.blank(blocks[first], first, found)

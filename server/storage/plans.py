@@ -14,11 +14,10 @@ from typing import Any, Final
 
 import msgpack
 
-from tidal.server.core import ledger, past, windows
+from tidal.server.core import past, windows
 from tidal.server.core.batch import Batch
-from tidal.server.core.counts import Deltas
 from tidal.server.core.restore import from_row
-from tidal.server.core.sums import bucket_rows
+from tidal.server.core.sums import aggregate_rows, bucket_rows
 
 from . import buckets
 from . import past as storage_past
@@ -38,7 +37,6 @@ from .sqlbulk import (
     Rows,
     from_db,
     put_aggregates,
-    rows_of,
     table_watermark,
     to_db,
 )
@@ -137,13 +135,14 @@ def _align(board_seq: int, watermark: int) -> Plan[None]:
     ran to the end of each checkpoint's batch, the buckets to its start. The rows
     between come off the aggregates table, so that both run to the lower."""
     rows = yield Rows(_ROWS + " WHERE seq > ? AND seq <= ?", (board_seq, watermark))
-    deltas: Deltas = {}
-    for entity, kind, _, weight, _, cohorts, communities, _ in map(from_row, rows):
-        mine = deltas.setdefault(entity, {})
-        ledger.withdraw(mine, kind, weight, cohorts, communities, ledger_too=True)
+    taken = [
+        (entity, kind, -1, -weight, at, cohorts, communities, True)
+        for entity, kind, _, weight, at, cohorts, communities, _ in map(from_row, rows)
+    ]
+    deltas = aggregate_rows(taken)
     yield Begin()
-    yield from put_aggregates(rows_of(deltas))
-    yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e,) for e in deltas])
+    yield from put_aggregates(deltas)
+    yield Many("DELETE FROM aggregates WHERE entity = ? AND count = 0", [(e[0],) for e in deltas])
     yield Exec(SET_META, ("aggregates_seq", board_seq))
     yield Commit()
 

@@ -16,9 +16,6 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
-from tidal.server.core.counts import Deltas
-from tidal.server.core.ledger import COHORT, Slot
-
 log = logging.getLogger("tidal.storage")
 
 U64: Final = 2**64
@@ -189,32 +186,6 @@ def to_db(user_id: int) -> int:
 
 def from_db(value: int) -> int:
     return value + U64 if value < 0 else value
-
-
-def rows_of(deltas: Deltas) -> list[tuple[Any, ...]]:
-    """Aggregates rows, as ``AGGREGATES`` takes them."""
-    return [
-        (entity, layer, *_columns(layer, key), kind, count, weight)
-        for entity, slots in deltas.items()
-        for (layer, key, kind), (count, weight) in slots.items()
-        if count
-    ]
-
-
-def _columns(layer: int, key: int | str) -> tuple[int, str]:
-    return (key, "") if layer == COHORT else (0, key)  # type: ignore[return-value]
-
-
-def after_args(after: Slot) -> tuple[Any, ...]:
-    """A page cursor as the aggregates columns compare."""
-    layer, key, kind = after
-    return (layer, *_columns(layer, key), kind)
-
-
-def slot_row(row: Sequence[Any]) -> tuple[int, int | str, str, int, float]:
-    """(layer, cohort, name, kind, count, weight) read back as the engine keys it."""
-    layer, cohort, name, kind, count, weight = row
-    return (layer, cohort if layer == COHORT else name, kind, count, weight)
 
 
 def table_watermark() -> Plan[int]:
