@@ -32,9 +32,9 @@ COMPILED = {
     "protocol": ["framing", "connection", "headers", "messages"],
     "server/net": ["connection", "flow", "replies"],
     "server/core": [
-        "aggregates", "batch", "board", "cohorts", "counts", "keys", "ledger", "matching",
-        "members", "params", "past", "ranking", "replies", "restore", "signals", "sums", "tallies",
-        "windows",
+        "aggregates", "batch", "board", "chunks", "cohorts", "counts", "keys", "ledger", "matching",
+        "members", "params", "parts", "past", "ranking", "reload", "replies", "restore", "signals",
+        "sums", "tallies", "windows",
     ],
     "server/engine": ["changes", "committer", "delivery", "engine", "health", "ranked", "reads"],
 }  # fmt: skip

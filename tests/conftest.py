@@ -23,6 +23,7 @@ from tidal.cli.child import listening_port
 from tidal.cli.child import start as start_child
 from tidal.client import Client
 from tidal.server import Config, Server
+from tidal.server.core.chunks import unpack_records
 from tidal.testing.postgres import Cluster, Missing, fetch
 
 BACKENDS = ("sqlite", "postgresql")
@@ -66,6 +67,19 @@ class Database:
         parts = sql.split("?")
         numbered = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], 1))
         return await fetch(self.target, numbered, *args)
+
+    async def board(self) -> dict[tuple[str, int, int | str, str], tuple[int, float]]:
+        """Each aggregate as the board's chunks hold it on disk, (entity, layer, key, kind)
+        to (count, weight): a tally's record in the newest chunk holding it (``chunks``)."""
+        held: dict[int, tuple[str, int, int | str, str, int, float] | None] = {}
+        for (data,) in await self.rows("SELECT records FROM board_chunks ORDER BY chunk DESC"):
+            r = unpack_records(data)
+            for tid in r.buried:
+                held.setdefault(tid, None)
+            for j, tid in enumerate(r.ids):
+                layer, key, kind = r.slots[r.where[j]]
+                held.setdefault(tid, (r.entities[j], layer, key, kind, r.counts[j], r.weights[j]))
+        return {row[:4]: row[4:] for row in held.values() if row is not None}
 
 
 @pytest.fixture

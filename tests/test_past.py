@@ -16,6 +16,7 @@ import pytest
 from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
 from tidal.server import Config, Server
 from tidal.server.core import userrows
+from tidal.server.core.ledger import COMMUNITY
 from tidal.server.engine import retention
 from tidal.server.storage.sqlite.schema import MIGRATIONS
 
@@ -472,10 +473,7 @@ async def test_a_purge_and_an_erase_between_checkpoints_survive_kill_9(
     await kept_only_user_3()
     assert await process.stop() == 0  # the last checkpoint writes what the records took off
     assert await database.rows("SELECT id FROM withdrawals") == []
-    rows = await database.rows(
-        "SELECT count, weight FROM aggregates WHERE entity = 'song' AND layer = 2"
-    )
-    assert rows == [(2, 6.0)]
+    assert (await database.board())["song", COMMUNITY, "x", "view"] == (2, 6.0)
     await process.start()
     await kept_only_user_3()
     assert await process.stop() == 0

@@ -14,7 +14,8 @@ import asyncpg
 import msgpack
 import pytest
 
-from tidal.client import Signal, Unavailable
+from tidal.client import Signal, Tally, Unavailable
+from tidal.server.core.ledger import COMMUNITY
 from tidal.testing.postgres import Cluster, free_port
 
 from .conftest import Database, ServerProcess
@@ -85,11 +86,12 @@ async def test_timeouts_set_on_the_database_do_not_reach_tidal_s_sessions(
         assert await again.stop() == 0
 
 
-async def test_an_unstorable_value_already_on_disk_boots_healthy_and_is_named(
+async def test_a_nul_name_already_on_disk_boots_healthy_and_is_kept(
     database: Database,
 ) -> None:
     """A community name with NUL, written into a ledger row's context by a tidal that let it
-    through: the checkpoint leaves that one aggregate out, says so, and commits the rest."""
+    through: PostgreSQL's text refuses it, but the board is kept in msgpack (``bytea``), so
+    the checkpoint commits its aggregate with the rest, and a restart reads it back."""
     first = await ServerProcess(database.target).start()
     assert await first.stop() == 0  # the tables
     context = msgpack.packb([["ja\x00zz", "rock"], {}, []], use_bin_type=True)
@@ -113,9 +115,22 @@ async def test_an_unstorable_value_already_on_disk_boots_healthy_and_is_named(
     finally:
         assert await process.stop() == 0
     log = b"".join(process.log).decode()
-    assert "cannot store is left out" in log and "ja\\x00zz" in log, log
-    rows = await database.rows("SELECT name, count FROM aggregates WHERE layer = 2")
-    assert rows == [("rock", 2)]
+    assert "refused" not in log and "failed" not in log, log
+    board = await database.board()
+    assert board["song", COMMUNITY, "ja\x00zz", "view"] == (1, 1.0)
+    assert board["song", COMMUNITY, "rock", "view"] == (2, 2.0)
+    again = await ServerProcess(database.target).start()
+    try:
+        boot = b"".join(again.log).decode()
+        assert " 0 ledger rows replayed" in boot, boot
+        async with await again.connect() as c:
+            communities = (await c.counts("song")).communities
+            assert communities == {
+                "ja\x00zz": {"view": Tally(1, 1.0)},
+                "rock": {"view": Tally(2, 2.0)},
+            }
+    finally:
+        assert await again.stop() == 0
 
 
 async def test_a_tidal_per_schema_of_one_database(pg_cluster: Cluster, database: Database) -> None:

@@ -35,9 +35,14 @@ async def test_huge_weights_an_older_tidal_stored_do_not_wedge_the_boot(db_path:
     async with await Client.connect(*server.address) as c:
         await c.signal(1, "e", "view", communities=["c"])
     await server.shutdown()
-    with sqlite3.connect(db_path) as db:  # as the unbounded version left them:
-        # a checkpoint that summed to inf, then two more signals of -1e308 past it
-        db.execute("UPDATE aggregates SET weight = 9e999 WHERE entity = 'e'")
+    with sqlite3.connect(db_path) as db:  # as the unbounded version left them, in the row
+        # tables of then: a checkpoint that summed to inf, then two signals of -1e308 past it
+        db.execute("DELETE FROM board_chunks")
+        db.execute("DELETE FROM board_parts")
+        db.execute(
+            "INSERT INTO aggregates (entity, layer, cohort, name, kind, count, weight)"
+            " VALUES ('e', 0, 0, '', 'view', 1, 9e999), ('e', 2, 0, 'c', 'view', 1, 1.0)"
+        )
         for seq in (2, 3):
             db.execute(
                 "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context)"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .board import Board, Changed
+from .chunks import Shelf, Written
 from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
@@ -36,6 +37,8 @@ class Batch:
     #: board holds only what is committed, and takes nothing in while this commits)
     board_state: Board | None = None
     board_changed: Changed | None = None
+    shelf: Shelf | None = None  # what is on disk of the board
+    board_written: Written | None = None  # the rows the writer wrote of it (``chunks``)
     decay: list[tuple[int, int]] = field(default_factory=list)  # the board's, for the writer
     now_ns: int = 0  # when the writer took it: which buckets are still kept
     users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py

@@ -8,10 +8,10 @@ committed waits for that commit (see ``engine.ranked``). What it is made of is i
 ``tallies``.
 
 A tally keeps running totals for each window; a window slides by subtracting
-the bucket that leaves it (``advance``), found in a map per tier from bucket to
-the tallies with signals in it, so no signal is visited twice. Memory per
-aggregate: one tally, plus one small entry per minute and per hour it has
-signals in (a day of minutes, 30 days of hours). The rules of time are in
+the bucket that leaves it (``advance``): per tier, a log per bucket of what tallies
+gained in it (``Log``), so no signal is visited twice. Memory per aggregate: one
+tally, plus a line per minute and per hour it has signals in (a day of minutes, 30
+days of hours), and one more per late signal until a checkpoint sums them. The rules of time are in
 ``windows``; the order of a ranking is kept in ``ranking``; boot rebuilds it with
 ``restore``.
 """
@@ -23,23 +23,21 @@ from typing import NamedTuple, TypeAlias
 
 from . import windows
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
-from .tallies import Bucket, Contribution, Dirty, Scope, Tally, bump
+from .tallies import GONE, Contribution, Dirty, Log, Scope, Tally
 from .windows import HOUR_NS, KEEP, MINUTE_NS
 
 #: a tally's key among its entity's of one kind: a cohort's id, a community's name, or
 #: None for the ledger (no community is named None, no cohort id is a str)
 Key: TypeAlias = int | str | None
 
-#: the tiers' bucket maps are kept this far back (and the windows read no further)
-
 
 class Changed(NamedTuple):
-    """What a checkpoint writes of the board: tallies changed (with a minute each, and
-    more minutes in ``moved``), and the aggregates gone."""
+    """What a checkpoint writes of the board: tallies changed, buckets with lines not on
+    disk yet (tier, bucket), and the tallies gone that were written before."""
 
     dirty: Dirty
-    moved: set[tuple[Tally, int]]
-    vanished: list[tuple[str, Slot]]
+    touched: set[tuple[int, int]]
+    vanished: list[Tally]
 
 
 class Board:
@@ -52,22 +50,21 @@ class Board:
         self.by_entity: dict[str, dict[str, dict[Key, Tally]]] = {}
         self.minute = now_ns // MINUTE_NS
         self.hour = now_ns // HOUR_NS
-        #: per tier, bucket to the tallies with signals in it: each one's entry, to which
-        #: its newest bucket adds what the tally holds itself (see ``Tally``, ``entry``)
-        self.buckets: tuple[dict[int, Bucket], dict[int, Bucket]] = ({}, {})
-        #: what changed since the last checkpoint: the tallies marked in this epoch (see
-        #: ``Dirty``), more minutes changed, and the aggregates gone
+        #: per tier, bucket to its log (``Log``): what tallies gained in it
+        self.buckets: tuple[dict[int, Log], dict[int, Log]] = ({}, {})
+        #: what changed since the last checkpoint: the tallies marked in this epoch, the
+        #: logs with lines not on disk, and the aggregates gone
         self.epoch = 0
         self.marked: list[Tally] = []
-        self.moved: set[tuple[Tally, int]] = set()
-        self.vanished: list[tuple[str, Slot]] = []
+        self.touched: set[tuple[int, int]] = set()
+        self.vanished: list[Tally] = []
         self.tallies = 0
 
     def scope(self, slot: Slot) -> Scope | None:
         return self.scopes.get(slot)
 
     def dirty(self) -> bool:
-        return bool(self.marked or self.vanished)
+        return bool(self.marked or self.vanished or self.touched)
 
     # -- changes -----------------------------------------------------------------
 
@@ -132,15 +129,13 @@ class Board:
             tally.hw += weight
         elif h > self.hour - KEEP[1]:
             self._bucket(tally, 1, h, sign, weight)
-        if m == tally.mk:  # the common case: its newest minute, no map touched
+        if m == tally.mk:  # the common case: its newest minute, no log touched
             tally.mc += sign
             tally.mw += weight
-            if tally.epoch != self.epoch:
-                self.mark(tally, m)
-        else:
-            if m > self.minute - KEEP[0]:
-                self._bucket(tally, 0, m, sign, weight)
-            self.mark(tally, m)
+        elif m > self.minute - KEEP[0]:
+            self._bucket(tally, 0, m, sign, weight)
+        if tally.epoch != self.epoch:
+            self.mark(tally)
         trend = tally.trend
         for i, f in enumerate(factors):
             trend[i] += f
@@ -152,75 +147,81 @@ class Board:
             del mine[key]
 
     def new_tally(self, slot: Slot, entity: str) -> Tally:
-        scope = self.scopes.get(slot)
-        if scope is None:
-            scope = self.scopes[slot] = Scope(slot)
+        scope = self.scope_for(slot)
         tally = scope.tallies[entity] = Tally(entity, scope, len(self.decay))
         self.tallies += 1
         return tally
 
+    def scope_for(self, slot: Slot) -> Scope:
+        scope = self.scopes.get(slot)
+        if scope is None:
+            scope = self.scopes[slot] = Scope(slot)
+        return scope
+
     def _bucket(self, tally: Tally, tier: int, b: int, count: int, weight: float) -> None:
         """A signal in a bucket other than the tally's newest: a newer one becomes its
-        newest (what the last held is added to that bucket's entry), an older one's entry
-        takes it."""
+        newest (what the last held goes to that bucket's log), an older one's log takes it."""
         kept = self.buckets[tier]
-        newest = tally.mk if tier == 0 else tally.hk
-        if b > newest:
+        log = kept.get(b)
+        if log is None:
+            log = kept[b] = Log()
+        if b > (tally.mk if tier == 0 else tally.hk):
             self._settle(tally, tier)
-            into = kept.get(b)
-            if into is None:
-                into = kept[b] = {}
-            if tally not in into:
-                into[tally] = 0j
+            log.newest.append(tally)
             if tier == 0:
-                tally.mk, tally.mc, tally.mw = b, count, weight
+                tally.mk, tally.mc, tally.mw, tally.mcw, tally.mww = b, count, weight, 0, 0.0
             else:
-                tally.hk, tally.hc, tally.hw = b, count, weight
+                tally.hk, tally.hc, tally.hw, tally.hcw, tally.hww = b, count, weight, 0, 0.0
             return
-        into = kept.get(b)
-        if into is None:
-            into = kept[b] = {}
-        bump(into, tally, complex(count, weight))
+        log.add(tally, count, weight)
+        self.touched.add((tier, b))
 
     def _settle(self, tally: Tally, tier: int) -> None:
-        """What the tally holds of its newest bucket goes into that bucket's entry."""
+        """What the tally holds of its newest bucket goes to that bucket's log, less what
+        checkpoints wrote of it (``Log.credit``)."""
         if tier == 0:
-            b, count, weight = tally.mk, tally.mc, tally.mw
-            tally.mc, tally.mw = 0, 0.0
+            b, count, weight, wrote, wrote_weight = (
+                tally.mk,
+                tally.mc,
+                tally.mw,
+                tally.mcw,
+                tally.mww,
+            )
         else:
-            b, count, weight = tally.hk, tally.hc, tally.hw
-            tally.hc, tally.hw = 0, 0.0
-        into = self.buckets[tier].get(b)
-        if into is not None and tally in into:  # else no window reads it any more
-            bump(into, tally, complex(count, weight))
+            b, count, weight, wrote, wrote_weight = (
+                tally.hk,
+                tally.hc,
+                tally.hw,
+                tally.hcw,
+                tally.hww,
+            )
+        log = self.buckets[tier].get(b)
+        if log is None:
+            return  # no window reads it any more (or it had none)
+        if count or weight:
+            log.add(tally, count, weight)
+        if wrote or wrote_weight:
+            log.credit.append((tally, -wrote, -wrote_weight))
+        self.touched.add((tier, b))
 
-    def entry(self, tally: Tally, tier: int, b: int) -> complex | None:
-        """Count + weight·i of the tally in bucket ``b`` of ``tier``; None if it has none."""
-        into = self.buckets[tier].get(b)
-        entry = None if into is None else into.get(tally)
-        if entry is None:
-            return None
-        if tier == 0 and b == tally.mk:
-            entry += complex(tally.mc, tally.mw)
-        elif tier == 1 and b == tally.hk:
-            entry += complex(tally.hc, tally.hw)
-        return entry if entry.real else None
+    def entry(self, tally: Tally, tier: int, b: int) -> tuple[int, float] | None:
+        """Count and weight of the tally in bucket ``b`` of ``tier``; None if it has none.
+        A scan of the bucket's log: for tests and tools, not for requests."""
+        log = self.buckets[tier].get(b)
+        return None if log is None else log.entry(tally, tier, b)
 
-    def mark(self, tally: Tally, m: int) -> None:
-        """Minute ``m`` of the tally changed: the next checkpoint writes it. A tally marked
-        afresh notes its newest minute, so that its newest minute's signals need no more."""
+    def mark(self, tally: Tally) -> None:
+        """The tally changed: the next checkpoint writes its record."""
         if tally.epoch != self.epoch:
             tally.epoch = self.epoch
-            tally.dm = tally.mk
             self.marked.append(tally)
-        if m != tally.dm:
-            self.moved.add((tally, m))
 
     def _forget(self, tally: Tally) -> None:
         """The tally leaves its scope (the caller takes it out of ``by_entity``)."""
         scope = tally.scope
-        tally.epoch = -1
-        self.vanished.append((tally.entity, scope.slot))
+        tally.epoch = GONE
+        if tally.id:  # on disk: its record is buried
+            self.vanished.append(tally)
         del scope.tallies[tally.entity]
         self.tallies -= 1
         if scope.orders:
@@ -249,18 +250,18 @@ class Board:
     def take_dirty(self) -> Changed:
         """What the next checkpoint writes; the board starts afresh."""
         epoch = self.epoch
-        dirty = {tally: tally.dm for tally in self.marked if tally.epoch == epoch}
-        changed = Changed(dirty, self.moved, self.vanished)
+        dirty = [tally for tally in self.marked if tally.epoch == epoch]
+        changed = Changed(dirty, self.touched, self.vanished)
         self.epoch = epoch + 1
-        self.marked, self.moved, self.vanished = [], set(), []
+        self.marked, self.touched, self.vanished = [], set(), []
         return changed
 
     def put_back(self, changed: Changed) -> None:
         """A checkpoint that did not commit: its share is due again."""
-        for tally, m in changed.dirty.items():
+        for tally in changed.dirty:
             if tally.epoch >= 0:  # else it vanished since, and is listed so
-                self.mark(tally, m)
-        self.moved |= changed.moved
+                self.mark(tally)
+        self.touched |= changed.touched
         self.vanished[:0] = changed.vanished
 
     def keep_cohorts(self, ids: set[int]) -> None:
@@ -273,9 +274,8 @@ class Board:
         if gone:
             lost = set(gone)
             for tier in self.buckets:
-                for bucket in tier.values():
-                    for tally in [t for t in bucket if t.scope in lost]:
-                        del bucket[tally]
+                for log in tier.values():
+                    log.drop_scopes(lost)
 
     def advance(self, now_ns: int) -> None:
         """Slide every window to ``now_ns``: each bucket that leaves one is taken off."""
@@ -294,22 +294,16 @@ class Board:
             else:
                 gone = sorted(b for b in buckets if was - n < b <= current - n)
             for b in gone:
-                if b not in buckets:
-                    continue
-                for tally in buckets[b]:
-                    entry = self.entry(tally, tier, b)
-                    if entry is not None:
-                        tally.shift(window, -int(entry.real), -entry.imag)
-                        if tally.scope.orders:
-                            tally.scope.dirty.add(tally.entity)
+                log = buckets.get(b)
+                if log is not None:
+                    log.leave(tier, b, window)
         for b in [b for b in buckets if b <= current - KEEP[tier]]:
             del buckets[b]
+            self.touched.discard((tier, b))
         if tier == 0:
             self.minute = current
         else:
             self.hour = current
-
-    # -- boot ------------------------------------------------------------------
 
 
 def slot_of(key: Key, kind: str) -> Slot:

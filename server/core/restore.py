@@ -1,6 +1,7 @@
-"""The board rebuilt at boot: from the tables (``fill``), less what purges and erases took
-off since they were written (``take_off``), then the ledger rows past their watermark
-(``from_row``, as ``Board.add`` takes them). Per aggregate and bucket, so compiled."""
+"""The board rebuilt at boot: from its chunks and parts (``load_chunks``, ``load_parts``;
+``fill`` for the row tables of before), less what purges and erases took off since they
+were written (``take_off``), then the ledger rows past their watermark (``from_row``, as
+``Board.add`` takes them). Per aggregate and bucket, so compiled."""
 
 from __future__ import annotations
 
@@ -9,9 +10,53 @@ from typing import Any
 
 from . import ledger, windows
 from .board import Board
+from .chunks import Shelf
 from .ledger import COHORT, LEDGER, Slot
-from .tallies import Contribution, Tally, bump
+from .reload import load_chunks, load_parts
+from .tallies import Contribution, Log, Tally
 from .windows import KEEP
+
+
+def rebuild(
+    board: Board,
+    shelf: Shelf,
+    *,
+    chunks: Iterable[tuple[int, bytes, bytes]],
+    parts: Iterable[tuple[int, int, bytes]],
+    next_id: int,
+    missing: Sequence[int],
+    trends: Iterable[Sequence[Any]],
+    legacy: tuple[Sequence[Any], Sequence[Any]],
+    withdrawn: Iterable[tuple[Sequence[Any], Sequence[Any]]],
+    tail: Iterable[Sequence[Any]],
+    cohort_ids: set[int],
+) -> None:
+    """The board at boot, and what is on disk of it: the chunks and parts (or the row
+    tables of before, ``legacy``: then all is written as chunks at the first checkpoint,
+    as it is when a half-life is filled from the ledger), less the withdrawals, then the
+    ledger's tail (counted, and written by the next checkpoint)."""
+    aggregates, buckets = legacy
+    if aggregates or buckets:
+        fill(board, aggregates, buckets, cohort_ids)
+        shelf.rewrite = True
+        shelf.next_id = next_id
+    else:
+        by_id = load_chunks(board, shelf, chunks, cohort_ids, missing, next_id)
+        load_parts(board, shelf, parts, by_id)
+    if missing:
+        refill(board, trends)
+        shelf.rewrite = True
+    for aggregate_rows, bucket_rows in withdrawn:
+        take_off(board, aggregate_rows, bucket_rows)
+    board.add(from_row(row) for row in tail)
+
+
+def refill(board: Board, trends: Iterable[Sequence[Any]]) -> None:
+    """Decayed sums of half-lives the chunks lack, summed from the ledger (``sums``)."""
+    for entity, layer, cohort, name, kind, tier, bucket, count, weight in trends:
+        tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
+        if tally is not None:
+            load_bucket(board, tally, tier, bucket, count, weight)
 
 
 def load(board: Board, slot: Slot, entity: str, count: int, weight: float) -> Tally:
@@ -44,11 +89,12 @@ def load_bucket(
     current = board.minute if tier == 0 else board.hour
     if bucket <= current - KEEP[tier] or not count:
         return
-    tier_buckets = board.buckets[tier]
-    into = tier_buckets.get(bucket)
-    if into is None:
-        into = tier_buckets[bucket] = {}
-    bump(into, tally, complex(count, weight))
+    kept = board.buckets[tier]
+    log = kept.get(bucket)
+    if log is None:
+        log = kept[bucket] = Log()
+    log.add(tally, count, weight)  # not on disk in parts yet
+    board.touched.add((tier, bucket))
     for window in (0, 1) if tier == 0 else (2, 3):
         if windows.holds(window, bucket, current):
             tally.shift(window, count, weight)
@@ -89,7 +135,7 @@ def take_off(
         tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
         if tally is not None:
             load_bucket(board, tally, tier, bucket, count, weight)
-            board.mark(tally, bucket if tier == 0 else bucket * 60 if tier == 1 else tally.mk)
+            board.mark(tally)
     for entity, layer, cohort, name, kind, count, weight in aggregates:
         tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
         if tally is not None:
@@ -106,6 +152,6 @@ def shrink(board: Board, tally: Tally, count: int, weight: float) -> None:
     """All-time totals taken off (``take_off``); a tally left with no signal goes."""
     tally.count += count
     tally.weight += weight
-    board.mark(tally, tally.mk)
+    board.mark(tally)
     if not tally.count:
         board.drop(tally)

@@ -4,7 +4,7 @@ shapes of what goes in (a ledger row's contribution) and what a checkpoint write
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from .ledger import Slot
 
@@ -13,11 +13,14 @@ from .ledger import Slot
 #: and whether its ledger layer changes too (a signal, an erase; not a purge)
 Contribution: TypeAlias = tuple[str, str, int, float, int, Sequence[int], Sequence[str], bool]
 
-#: count + weight·i per tally in one bucket: one small object (a count is exact as a double)
-Bucket: TypeAlias = dict["Tally", complex]
-#: the tallies changed since the last checkpoint, and a minute changed (others in
-#: ``Board.moved``): the next checkpoint writes their buckets and sums as they then are
-Dirty: TypeAlias = dict["Tally", int]
+#: the tallies changed since the last checkpoint: the next checkpoint writes their records,
+#: and what their newest buckets gained since (see ``Log``)
+Dirty: TypeAlias = list["Tally"]
+
+
+#: a tally's epoch once it has left the board, and before it is first marked
+GONE: Final = -1
+UNMARKED: Final = -2
 
 
 class Tally:
@@ -25,28 +28,36 @@ class Tally:
     unboxed: about 200 bytes, the window totals included.
 
     It keeps what it gained in its newest minute and hour itself (``mk``, ``mc``, ``mw``;
-    ``hk``, ``hc``, ``hw``), added to its entry in that bucket when a newer one begins:
-    most signals then touch no bucket map, which at a million aggregates costs a cache
-    miss per lookup. ``epoch`` is the board's while it is dirty (-1 once forgotten), with
-    ``dm`` a minute changed."""
+    ``hk``, ``hc``, ``hw``), added to that bucket's log when a newer one begins: most
+    signals then touch no bucket, which at a million aggregates costs a cache miss each;
+    ``mcw`` and so on are what checkpoints wrote of those. ``epoch`` is the board's while
+    it is dirty (``GONE`` once forgotten, ``UNMARKED`` until first marked). ``id`` names
+    it on disk (0 until first written) and ``chunk`` is the chunk holding its record (see
+    ``chunks``)."""
 
     __slots__ = (
-        "c0", "c1", "c2", "c3", "count", "dm", "entity", "epoch", "hc", "hk", "hw", "mc", "mk",
-        "mw", "scope", "trend", "w0", "w1", "w2", "w3", "weight",
+        "c0", "c1", "c2", "c3", "chunk", "count", "entity", "epoch", "hc", "hcw", "hk", "hw",
+        "hww", "id", "mc", "mcw", "mk", "mw", "mww", "scope", "trend", "w0", "w1", "w2", "w3",
+        "weight",
     )  # fmt: skip
 
-    def __init__(self, entity: str, scope: Scope, half_lives: int) -> None:
+    def __init__(
+        self, entity: str, scope: Scope, half_lives: int, count: int = 0, weight: float = 0.0,
+        trend: list[float] | None = None,
+    ) -> None:  # fmt: skip
         self.entity = entity
         self.scope = scope
-        self.count = 0
-        self.weight = 0.0
+        self.count = count
+        self.weight = weight
         self.c0 = self.c1 = self.c2 = self.c3 = 0  # per window (windows.WINDOWS)
         self.w0 = self.w1 = self.w2 = self.w3 = 0.0
-        self.trend = [0.0] * half_lives  # forward-decayed sums, per half-life
+        # forward-decayed sums, per half-life
+        self.trend = [0.0] * half_lives if trend is None else trend
         self.mk = self.hk = -1  # no newest minute or hour yet
-        self.mc = self.hc = 0
-        self.mw = self.hw = 0.0
-        self.epoch = self.dm = -1
+        self.mc = self.hc = self.mcw = self.hcw = 0
+        self.mw = self.hw = self.mww = self.hww = 0.0
+        self.epoch = UNMARKED
+        self.id = self.chunk = 0
 
     def window(self, i: int) -> tuple[int, float]:
         """Count and weight in ``windows.WINDOWS[i]`` (-1: all-time)."""
@@ -88,9 +99,88 @@ class Scope:
         self.orders: dict[tuple[int, int], Any] = {}
 
 
-def bump(bucket: Bucket, tally: Tally, step: complex) -> None:
-    entry = bucket.get(tally, 0j) + step
-    if entry.real:
-        bucket[tally] = entry
-    else:
-        bucket.pop(tally, None)  # no signal left in it
+class Log:
+    """One minute's or hour's bucket: what tallies gained in it, as (tally, count, weight)
+    in the order it came, three lists side by side; a tally's entry is the sum of its
+    lines, and while this is its newest bucket, what it holds itself (``Tally.mc``).
+
+    A log and not a map: a window slides by adding up a bucket's lines, boot builds a
+    bucket from its parts on disk as they are (``restore``), and a line costs a slot in
+    three lists rather than a map entry and an object. The lines from ``written`` on
+    are not on disk yet, nor ``credit``: what a tally's lines repeat of what checkpoints
+    wrote of its newest bucket (see ``chunks``). ``newest``: the tallies this bucket was
+    the newest of, whose own part a slide takes off too."""
+
+    __slots__ = ("counts", "credit", "newest", "tallies", "weights", "written")
+
+    def __init__(self) -> None:
+        self.tallies: list[Tally] = []
+        self.counts: list[int] = []
+        self.weights: list[float] = []
+        self.newest: list[Tally] = []
+        self.written = 0
+        self.credit: list[tuple[Tally, int, float]] = []
+
+    def add(self, tally: Tally, count: int, weight: float) -> None:
+        self.tallies.append(tally)
+        self.counts.append(count)
+        self.weights.append(weight)
+
+    def sums(self) -> dict[Tally, list[Any]]:
+        """Each live tally's lines summed, as [count, weight]."""
+        out: dict[Tally, list[Any]] = {}
+        tallies, counts, weights = self.tallies, self.counts, self.weights
+        for k in range(len(tallies)):
+            tally = tallies[k]
+            if tally.epoch == GONE:
+                continue
+            entry = out.get(tally)
+            if entry is None:
+                out[tally] = [counts[k], weights[k]]
+            else:
+                entry[0] += counts[k]
+                entry[1] += weights[k]
+        return out
+
+    def entry(self, tally: Tally, tier: int, b: int) -> tuple[int, float] | None:
+        """The tally's lines summed, with what it holds itself while this is its newest."""
+        count, weight = 0, 0.0
+        for k, other in enumerate(self.tallies):
+            if other is tally:
+                count += self.counts[k]
+                weight += self.weights[k]
+        if tier == 0 and b == tally.mk:
+            count, weight = count + tally.mc, weight + tally.mw
+        elif tier == 1 and b == tally.hk:
+            count, weight = count + tally.hc, weight + tally.hw
+        return (count, weight) if count else None
+
+    def leave(self, tier: int, b: int, window: int) -> None:
+        """This bucket (``b`` of ``tier``) leaves ``window``: its lines, and what the
+        tallies it is still the newest of hold themselves, come off their totals."""
+        tallies, counts, weights = self.tallies, self.counts, self.weights
+        for k in range(len(tallies)):
+            tally = tallies[k]
+            tally.shift(window, -counts[k], -weights[k])
+            if tally.scope.orders:
+                tally.scope.dirty.add(tally.entity)
+        for tally in self.newest:
+            if tier == 0 and tally.mk == b:
+                tally.shift(window, -tally.mc, -tally.mw)
+            elif tier == 1 and tally.hk == b:
+                tally.shift(window, -tally.hc, -tally.hw)
+            else:
+                continue
+            if tally.scope.orders:
+                tally.scope.dirty.add(tally.entity)
+
+    def drop_scopes(self, lost: set[Scope]) -> None:
+        """The lines of dropped cohorts' tallies out (those not on disk stay so)."""
+        if any(t.scope in lost for t in self.tallies):
+            keep = [k for k, t in enumerate(self.tallies) if t.scope not in lost]
+            self.written = sum(1 for k in keep if k < self.written)
+            self.tallies = [self.tallies[k] for k in keep]
+            self.counts = [self.counts[k] for k in keep]
+            self.weights = [self.weights[k] for k in keep]
+        self.newest = [t for t in self.newest if t.scope not in lost]
+        self.credit = [c for c in self.credit if c[0].scope not in lost]

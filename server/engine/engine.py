@@ -22,10 +22,11 @@ from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
-from tidal.server.core import ledger, params, restore
+from tidal.server.core import chunks, ledger, params, restore
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import Board
+from tidal.server.core.chunks import Shelf
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
@@ -85,13 +86,22 @@ class Engine:
         self.aggregates = Aggregates(
             every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
-        self.board = Board(snapshot.decay, clock())
-        cohort_ids = set(self.cohorts.names())
-        restore.fill(self.board, snapshot.board_rows, snapshot.bucket_rows, cohort_ids)
-        for aggregate_rows, bucket_rows in snapshot.withdrawn:
-            restore.take_off(self.board, aggregate_rows, bucket_rows)
-        # past the tables' watermark: counted, and written by the next checkpoint
-        self.board.add(restore.from_row(r) for r in snapshot.ledger_tail)
+        on_disk = snapshot.board
+        self.board = Board(on_disk.decay, clock())
+        self.shelf = Shelf()
+        restore.rebuild(
+            self.board,
+            self.shelf,
+            chunks=on_disk.chunks,
+            parts=on_disk.parts,
+            next_id=on_disk.next_tally_id,
+            missing=on_disk.missing,
+            trends=on_disk.trends,
+            legacy=(on_disk.aggregates, on_disk.buckets),
+            withdrawn=on_disk.withdrawn,
+            tail=snapshot.ledger_tail,
+            cohort_ids=set(self.cohorts.names()),
+        )
         self.aggregates.signals_committed(len(snapshot.ledger_tail))
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
@@ -239,7 +249,7 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
-        if self.aggregates.due(self.board):
+        if self.aggregates.due(self.board) or self.shelf.rewrite:
             self._checkpoint(batch)
             self.keys.forget_old(batch, self._clock())
         self.user_rows.prepare(batch)
@@ -250,7 +260,7 @@ class Engine:
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
-        if not self.board.dirty():
+        if not (self.board.dirty() or self.shelf.rewrite):
             return False
         self._checkpoint(batch)
         return True
@@ -262,6 +272,7 @@ class Engine:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
         batch.board_state = self.board
+        batch.shelf = self.shelf
         batch.board_changed = self.board.take_dirty()
 
     def committed(self, batch: Batch) -> None:
@@ -287,6 +298,8 @@ class Engine:
         """The board takes in what ``batch`` committed: its signals, then what its
         withdrawals took off (the next checkpoint writes what the transaction did not)."""
         board = self.board
+        if batch.board_written is not None:
+            chunks.done(board, self.shelf, batch.board_written)
         board.advance(self._clock())
         board.add(batch.board)
         for w in batch.past:

@@ -1,25 +1,23 @@
-"""The board on disk: each aggregate's count and weight (``aggregates``), its minute and
-hour buckets and its decayed sums (``buckets``), and what purges took off since the last
-checkpoint (``withdrawals``).
+"""The board on disk: its chunks and parts (``board_chunks``, ``board_parts``: see
+``core.chunks``), and what purges took off since the last checkpoint (``withdrawals``).
 
-Both tables are a view of the ledger, up to one watermark (``meta.aggregates_seq``,
-and ``board_seq``: the board holds what is committed, so a checkpoint writes it up
-to the batch before its own). A checkpoint writes the aggregates changed since
-the last as the board holds them. A ``buckets`` row is (aggregate, tier, bucket):
-tier 0 a minute, tier 1 an hour (buckets past the longest window that reads them
-are deleted), tier 2 a forward-decayed sum, with the half-life in seconds as its
-bucket and the sum in ``weight``.
+Both are a view of the ledger, up to one watermark (``meta.aggregates_seq``, and
+``board_seq``: the board holds what is committed, so a checkpoint writes it up to
+the batch before its own). A checkpoint writes the tallies it changed, and the
+buckets they changed, as the board holds them.
 
 A purge or erase does not rewrite them: what it withdrew from rows up to the
 watermark, summed per aggregate and bucket, is one ``withdrawals`` record in its
-own transaction. Boot takes the records off what the tables hold (marking those
+own transaction. Boot takes the records off what the chunks hold (marking those
 aggregates changed); the next checkpoint writes them as the board then holds them
 and deletes the records. A purge then costs one row however many buckets it
 reaches, and an erased user's signals are kept nowhere but in the sums.
 
-Boot reads it all back; a database written before the tables, or a half-life not
-seen before, is filled from the ledger as it stands (rows that retention deleted
-cannot be).
+Before the chunks, the board was kept a row per aggregate (``aggregates``) and per
+bucket (``buckets``): such a database is read from those, and its first checkpoint
+writes it all as chunks and empties them. A database written before the tables, or
+a half-life not seen before, is filled from the ledger as it stands (rows that
+retention deleted cannot be).
 """
 
 from __future__ import annotations
@@ -30,92 +28,76 @@ from typing import Any, Final
 
 import msgpack
 
-from tidal.server.core import windows
+from tidal.server.core import chunks, windows
 from tidal.server.core.board import Board, Changed
-from tidal.server.core.ledger import COHORT, Slot
-from tidal.server.core.sums import TREND, aggregate_rows, bucket_rows, horizons
-from tidal.server.core.tallies import Contribution, Tally
+from tidal.server.core.chunks import Shelf, Written
+from tidal.server.core.sums import TREND, aggregate_rows, bucket_rows
+from tidal.server.core.tallies import Contribution
 
-from .sqlbulk import (
-    AGGREGATES_AS_HELD,
-    Bulk,
-    Exec,
-    Many,
-    Plan,
-    put_aggregates,
-    put_guarded,
-)
+from .sqlbulk import SET_META, Bulk, Exec, Many, Plan, put_guarded
 
 log = logging.getLogger("tidal.storage")
 
+#: the row tables of before (see above), filled from the ledger where they lacked buckets
 BUCKETS: Final = Bulk(
     "INSERT INTO buckets (entity, layer, cohort, name, kind, tier, bucket, count, weight)",
     ("text", "smallint", "bigint", "text", "text", "smallint", "bigint", "bigint", "float8"),
     " ON CONFLICT (entity, layer, cohort, name, kind, tier, bucket) DO UPDATE SET"
     " count = buckets.count + excluded.count, weight = buckets.weight + excluded.weight",
 )
-#: the checkpoint's: each row as the board holds it
-BUCKETS_AS_HELD: Final = Bulk(
-    BUCKETS.head,
-    BUCKETS.types,
-    " ON CONFLICT (entity, layer, cohort, name, kind, tier, bucket) DO UPDATE SET"
-    " count = excluded.count, weight = excluded.weight",
-)
-_AGGREGATE: Final = "entity = ? AND layer = ? AND cohort = ? AND name = ? AND kind = ?"
-_DROP: Final = f"DELETE FROM buckets WHERE {_AGGREGATE}"
-_DROP_AGGREGATE: Final = f"DELETE FROM aggregates WHERE {_AGGREGATE}"
-_DROP_ONE: Final = f"DELETE FROM buckets WHERE {_AGGREGATE} AND tier = ? AND bucket = ?"
 #: every row, in one scan (the board skips the buckets no window reads): through the index
 #: on time, each row would be a lookup, 4x slower for a million aggregates
 SELECT: Final = "SELECT entity, layer, cohort, name, kind, tier, bucket, count, weight FROM buckets"
-_GONE: Final = "DELETE FROM buckets WHERE tier = ? AND bucket <= ?"
+SELECT_AGGREGATES: Final = "SELECT entity, layer, cohort, name, kind, count, weight FROM aggregates"
+#: newest first: a tally's first record is its own
+SELECT_CHUNKS: Final = "SELECT chunk, decay, records FROM board_chunks ORDER BY chunk DESC"
+SELECT_DECAYS: Final = "SELECT DISTINCT decay FROM board_chunks"
+SELECT_PARTS: Final = "SELECT tier, bucket, entries FROM board_parts ORDER BY tier, bucket, part"
+_PUT_CHUNK: Final = "INSERT INTO board_chunks (chunk, decay, records) VALUES (?, ?, ?)"
+_PUT_PART: Final = "INSERT INTO board_parts (tier, bucket, part, entries) VALUES (?, ?, ?, ?)"
+_GONE: Final = "DELETE FROM board_parts WHERE tier = ? AND bucket <= ?"
+_EVERYTHING: Final = (
+    "DELETE FROM board_chunks",
+    "DELETE FROM board_parts",
+    "DELETE FROM aggregates",
+    "DELETE FROM buckets",
+)
 _WITHDRAWN: Final = (
     "INSERT INTO withdrawals (id, data)"
     " VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM withdrawals), ?)"
 )
 
 
-def checkpoint(board: Board, changed: Changed, now_ns: int) -> Plan[None]:
-    """A checkpoint: the aggregates changed since the last, with their buckets and decayed
-    sums, as the board holds them (it takes nothing in while this batch commits: see
-    ``engine``), and the aggregates gone; then the buckets no window reads any more, out.
-    Written as they are, over what the table held: a purge's share written in between
-    is in them too."""
+def checkpoint(board: Board, shelf: Shelf, changed: Changed, now_ns: int) -> Plan[Written]:
+    """A checkpoint: the records of the tallies changed since the last, burials of those
+    gone, the oldest chunks cleaned, a part for each bucket changed (``chunks``); then the
+    buckets no window reads any more, out. It writes the board as it holds all committed
+    before its batch (it takes nothing in while this commits: see ``engine``): a purge's
+    share written in between is in it too."""
     yield Exec("DELETE FROM withdrawals")  # each was taken off the board: written below
-    old_minute, old_hour = horizons(now_ns)
-    rows: list[tuple[Any, ...]] = []
-    gone: list[tuple[Any, ...]] = []
-    done: set[tuple[Tally, int, int]] = set()
-
-    def bucket(tally: Tally, aggregate: tuple[Any, ...], m: int) -> None:
-        for tier, b in ((0, m), (1, m // 60)):
-            if b <= (old_minute if tier == 0 else old_hour) or (tally, tier, b) in done:
-                continue
-            done.add((tally, tier, b))
-            entry = board.entry(tally, tier, b)
-            if entry is None:  # its last signal there withdrawn
-                gone.append((*aggregate, tier, b))
-            else:
-                rows.append((*aggregate, tier, b, int(entry.real), entry.imag))
-
-    aggregates: list[tuple[Any, ...]] = []
-    for tally, m in changed.dirty.items():
-        aggregate = _columns(tally.entity, tally.scope.slot)
-        aggregates.append((*aggregate, tally.count, tally.weight))
-        bucket(tally, aggregate, m)
-        for (hl, _), value in zip(board.decay, tally.trend, strict=True):
-            rows.append((*aggregate, TREND, hl, 0, value))
-    for tally, m in changed.moved:
-        if tally.count:  # else gone, and listed so
-            bucket(tally, _columns(tally.entity, tally.scope.slot), m)
-    vanished = [_columns(entity, slot) for entity, slot in changed.vanished]
-    yield Many(_DROP_AGGREGATE, vanished)
-    yield from put_aggregates(aggregates, AGGREGATES_AS_HELD)
-    yield Many(_DROP, vanished)
-    yield Many(_DROP_ONE, gone)
-    yield from put(BUCKETS_AS_HELD, rows)
+    written = chunks.checkpoint(board, shelf, changed, now_ns)
+    if written.everything:  # the row tables of before go too
+        for statement in _EVERYTHING:
+            yield Exec(statement)
+    else:
+        yield Many("DELETE FROM board_chunks WHERE chunk = ?", [(c,) for c in written.cleaned])
+        yield Many("DELETE FROM board_parts WHERE tier = ? AND bucket = ?", written.merged)
+    yield Many(_PUT_CHUNK, written.chunks)
+    yield Many(_PUT_PART, [part[:4] for part in written.parts])
+    old_minute, old_hour = written.old
     yield Exec(_GONE, (0, old_minute))
     yield Exec(_GONE, (1, old_hour))
+    yield Exec(SET_META, ("next_tally_id", shelf.next_id))
+    return written
+
+
+def missing_half_lives(decays: Iterable[tuple[bytes]], half_lives: Sequence[int]) -> list[int]:
+    """The half-lives some chunk has no decayed sums of (a half-life not seen before)."""
+    missing: set[int] = set()
+    for (data,) in decays:
+        taken = {hl for hl, _ in msgpack.unpackb(data)}
+        missing.update(hl for hl in half_lives if hl not in taken)
+    return sorted(missing)
 
 
 def put(bulk: Bulk, rows: list[tuple[Any, ...]]) -> Plan[None]:
@@ -127,12 +109,6 @@ def put(bulk: Bulk, rows: list[tuple[Any, ...]]) -> Plan[None]:
             " name %r, kind %r",
             reason, *row[:5],
         )  # fmt: skip
-
-
-def _columns(entity: str, slot: Slot) -> tuple[Any, ...]:
-    layer, key, kind = slot
-    cohort, name = (key, "") if layer == COHORT else (0, key)
-    return (entity, layer, cohort, name, kind)
 
 
 def withdraw(contributions: list[Contribution], decay: list[tuple[int, int]],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tidal.server.core.batch import Batch
@@ -37,13 +37,28 @@ class Snapshot:
     last_event_ns: int  # the latest event in any user's history
     next_block: int  # the first seq that no block of ledger_users lists yet
     users_tail: list[int]  # the users of the rows from there on, in seq order
+    board: BoardRows
+
+
+@dataclass(slots=True)
+class BoardRows:
+    """The board as the database holds it, for ``core.restore`` (see ``buckets``)."""
+
     decay: list[tuple[int, int]]  # (half-life s, base ns) of each trend (``core.windows``)
-    #: the aggregates table, and the board's buckets still read, for the board
-    board_rows: list[tuple[str, int, int, str, str, int, float]]
-    bucket_rows: list[tuple[str, int, int, str, str, int, int, int, float]]
-    #: what purges and erases took off since the tables were written, to take off them:
-    #: (aggregates rows, buckets rows) as the tables hold them, oldest first
-    withdrawn: list[tuple[list[Any], list[Any]]]
+    next_tally_id: int
+    chunks: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # newest first
+    parts: list[tuple[int, int, bytes]] = field(default_factory=list)  # in order
+    #: half-lives some chunk lacks: their decayed sums come from the ledger (``trends``)
+    missing: list[int] = field(default_factory=list)
+    trends: list[tuple[Any, ...]] = field(default_factory=list)
+    #: the row tables of before, if they hold the board (read once, then written as chunks)
+    aggregates: list[tuple[str, int, int, str, str, int, float]] = field(default_factory=list)
+    buckets: list[tuple[str, int, int, str, str, int, int, int, float]] = field(
+        default_factory=list
+    )
+    #: what purges and erases took off since the board was written, to take off it:
+    #: (aggregates rows, buckets rows), oldest first
+    withdrawn: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
 
 
 class Storage(Protocol):

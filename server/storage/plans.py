@@ -21,7 +21,7 @@ from tidal.server.core.sums import aggregate_rows, bucket_rows
 
 from . import buckets
 from . import past as storage_past
-from .interface import Snapshot
+from .interface import BoardRows, Snapshot
 from .sqlbulk import (
     ADD_META,
     SET_META,
@@ -85,15 +85,36 @@ def load(
     ((max_seq,),) = yield Rows("SELECT COALESCE(MAX(seq), 0) FROM ledger")
     meta = dict((yield Rows("SELECT key, value FROM meta")))
     watermark = int(meta.get("aggregates_seq", 0))
-    decay, board_seq = yield from _board(meta, half_lives, now_ns, watermark)
-    if watermark > board_seq:
-        yield from _align(board_seq, watermark)
-        watermark = board_seq
-    board_rows = yield Rows(
-        "SELECT entity, layer, cohort, name, kind, count, weight FROM aggregates"
+    legacy = bool(
+        (yield Rows("SELECT 1 FROM aggregates LIMIT 1"))
+        or (yield Rows("SELECT 1 FROM buckets LIMIT 1"))
     )
-    bucket_rows = yield Rows(buckets.SELECT)
-    withdrawn = buckets.withdrawn((yield Rows("SELECT data FROM withdrawals ORDER BY id")), decay)
+    decay, board_seq = yield from _board(meta, half_lives, now_ns, watermark, legacy)
+    if watermark > board_seq:
+        if legacy:
+            yield from _align(board_seq, watermark)
+        watermark = board_seq
+    board = BoardRows(decay=decay, next_tally_id=int(meta.get("next_tally_id", 1)))
+    if legacy:
+        board.aggregates = yield Rows(buckets.SELECT_AGGREGATES)
+        board.buckets = yield Rows(buckets.SELECT)
+    else:
+        board.missing = buckets.missing_half_lives((yield Rows(buckets.SELECT_DECAYS)), half_lives)
+        if board.missing and watermark:
+            rows = yield Rows(_ROWS + " WHERE seq <= ?", (watermark,))
+            contributions = [from_row(row) for row in rows]
+            board.trends = bucket_rows(contributions, decay, now_ns, board.missing)
+            log.info(
+                "filled the %s trend from %d ledger rows (rows that retention deleted are in"
+                " all-time counts only)",
+                ", ".join(map(windows.show_half_life, board.missing)),
+                len(rows),
+            )
+        board.chunks = yield Rows(buckets.SELECT_CHUNKS)
+        board.parts = yield Rows(buckets.SELECT_PARTS)
+    board.withdrawn = buckets.withdrawn(
+        (yield Rows("SELECT data FROM withdrawals ORDER BY id")), decay
+    )
     tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (watermark,))
     newest_keys = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
@@ -118,10 +139,7 @@ def load(
         last_event or 0,
         next_block,
         users_tail,
-        decay,
-        board_rows,
-        bucket_rows,
-        withdrawn,
+        board,
     )
 
 
@@ -148,11 +166,12 @@ def _align(board_seq: int, watermark: int) -> Plan[None]:
 
 
 def _board(
-    meta: dict[str, Any], half_lives: Sequence[int], now_ns: int, watermark: int
+    meta: dict[str, Any], half_lives: Sequence[int], now_ns: int, watermark: int, legacy: bool
 ) -> Plan[tuple[list[tuple[int, int]], int]]:
-    """Each half-life's base, and the board's watermark. The buckets are filled from the
-    ledger where they are missing: a database from before them, or a half-life not seen
-    before."""
+    """Each half-life's base, and the board's watermark. In the row tables of before
+    (``legacy``), the buckets are filled from the ledger where they are missing (a
+    database from before them, or a half-life not seen before) and a base moved is moved
+    in them; chunks say their bases, and ``load`` fills what they lack."""
     decay = []
     missing = []
     moved = []
@@ -172,10 +191,11 @@ def _board(
         return decay, board_seq
     yield Begin()
     for hl, factor in moved:  # by a power of two: exact, and the order is unchanged
-        yield Exec("UPDATE buckets SET weight = weight * ? WHERE tier = 2 AND bucket = ?",
-                   (factor, hl))  # fmt: skip
+        if legacy:
+            yield Exec("UPDATE buckets SET weight = weight * ? WHERE tier = 2 AND bucket = ?",
+                       (factor, hl))  # fmt: skip
         log.info("moved the base of the %s trend to %d half-lives ahead", hl, windows.BASE_AHEAD)
-    if board_seq:
+    if board_seq and legacy:
         rows = yield Rows(_ROWS + " WHERE seq <= ?", (board_seq,))
         contributions = [from_row(row) for row in rows]
         if behind:
@@ -221,8 +241,9 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Exec(SET_META, ("health_probe_ns", time.time_ns()))
     if batch.forget_keys_before is not None:
         yield Exec("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
-    if batch.board_state is not None and batch.board_changed is not None:
-        yield from buckets.checkpoint(batch.board_state, batch.board_changed, batch.now_ns)
+    board, shelf, changed = batch.board_state, batch.shelf, batch.board_changed
+    if board is not None and shelf is not None and changed is not None:
+        batch.board_written = yield from buckets.checkpoint(board, shelf, changed, batch.now_ns)
         yield Exec(SET_META, ("aggregates_seq", batch.first_seq - 1))
         yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
     if batch.users_blocks:

@@ -131,13 +131,6 @@ AGGREGATES: Final = Bulk(
     " ON CONFLICT (entity, layer, cohort, name, kind) DO UPDATE SET"
     " count = aggregates.count + excluded.count, weight = aggregates.weight + excluded.weight",
 )
-#: a checkpoint's: each aggregate as the board holds it
-AGGREGATES_AS_HELD: Final = Bulk(
-    AGGREGATES.head,
-    AGGREGATES.types,
-    " ON CONFLICT (entity, layer, cohort, name, kind) DO UPDATE SET"
-    " count = excluded.count, weight = excluded.weight",
-)
 SET_META: Final = (
     "INSERT INTO meta (key, value) VALUES (?, ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
@@ -166,12 +159,12 @@ def put_guarded(
     return refused + (yield from put_guarded(bulk, rows[half:]))
 
 
-def put_aggregates(rows: Sequence[tuple[Any, ...]], bulk: Bulk = AGGREGATES) -> Plan[None]:
-    """Aggregates rows, added (``AGGREGATES``) or as held (``AGGREGATES_AS_HELD``). One the
+def put_aggregates(rows: Sequence[tuple[Any, ...]]) -> Plan[None]:
+    """Aggregates rows added, in the row tables of before (``storage.buckets``). One the
     database cannot store (a name written before tidal refused NUL, on PostgreSQL) is left
     out and logged, rather than fail every checkpoint after it: the ledger keeps the rows
     it came from."""
-    for row, reason in (yield from put_guarded(bulk, rows)):
+    for row, reason in (yield from put_guarded(AGGREGATES, rows)):
         entity, layer, cohort, name, kind, count, _ = row
         log.error(
             "an aggregate the database cannot store is left out (%s): entity %r, layer %d,"

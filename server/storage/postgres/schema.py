@@ -93,6 +93,22 @@ MIGRATIONS: Final[list[list[str]]] = [
         # SQLite's version 6: what a purge or erase took off, until the next checkpoint
         "CREATE TABLE withdrawals (id BIGINT PRIMARY KEY, data BYTEA NOT NULL)",
     ],
+    [
+        # SQLite's version 7: the board in chunks and parts (core/chunks.py); the first
+        # checkpoint moves it there from aggregates and buckets, and empties them
+        """CREATE TABLE board_chunks (
+            chunk BIGINT PRIMARY KEY,
+            decay BYTEA NOT NULL,
+            records BYTEA NOT NULL
+        )""",
+        """CREATE TABLE board_parts (
+            tier SMALLINT NOT NULL,
+            bucket BIGINT NOT NULL,
+            part INTEGER NOT NULL,
+            entries BYTEA NOT NULL,
+            PRIMARY KEY (tier, bucket, part)
+        )""",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -126,6 +126,23 @@ MIGRATIONS: Final[list[list[str]]] = [
         # aggregates it changed (storage/buckets.py)
         "CREATE TABLE withdrawals (id INTEGER PRIMARY KEY, data BLOB NOT NULL)",
     ],
+    [
+        # the board in few large rows (core/chunks.py): the tallies' records in a log of
+        # chunks, each bucket's entries in parts; the first checkpoint moves the board
+        # there from aggregates and buckets, and empties them
+        """CREATE TABLE board_chunks (
+            chunk INTEGER PRIMARY KEY,
+            decay BLOB NOT NULL,  -- msgpack [[half-life s, base ns], ...] of its sums
+            records BLOB NOT NULL
+        )""",
+        """CREATE TABLE board_parts (
+            tier INTEGER NOT NULL,  -- 0 minute, 1 hour
+            bucket INTEGER NOT NULL,
+            part INTEGER NOT NULL,
+            entries BLOB NOT NULL,
+            PRIMARY KEY (tier, bucket, part)
+        )""",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -1,0 +1,127 @@
+"""The board's buckets on disk, as *parts*: per line, a tally's id, and a count and weight it
+gained in one minute's or hour's bucket.
+
+A checkpoint writes, for each bucket that gained since the last, one part with what
+it gained: the log's lines not on disk, and what tallies gained in their newest
+buckets since a checkpoint last wrote them (see ``tallies.Log``). A bucket is the sum
+of its parts, and boot reads them back as its log (``reload``). A bucket whose parts
+grew to twice the lines it was last written as is written again as one part, its
+log summed too; a bucket no window reads any more goes whole. What it costs: one
+checkpoint writes a line per bucket a tally gained in, and a bucket's lines are
+written about twice in all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, TypeAlias
+
+import msgpack
+
+from .board import Board, Changed
+from .sums import horizons
+from .tallies import GONE, Log
+
+#: a bucket is written again as one part once its parts hold more than twice the lines it
+#: was last written as, and this many more
+PART_SLACK: Final = 256
+#: (tier, bucket, part, lines packed, how many)
+Part: TypeAlias = tuple[int, int, int, bytes, int]
+
+
+def part_rows(
+    board: Board, shelf: dict[tuple[int, int], list[int]], slack: int, changed: Changed,
+    now_ns: int,
+) -> tuple[list[Part], list[tuple[int, int]]]:  # fmt: skip
+    """A part per bucket that gained since the last checkpoint, or the bucket as one part
+    where its parts grew long. ``shelf``: each bucket's [parts, lines in them, lines when
+    last written as one part]."""
+    old = horizons(now_ns)
+    lines: dict[tuple[int, int], tuple[list[int], list[int], list[float]]] = {}
+    for tally in changed.dirty:  # what they gained in their newest buckets
+        if tally.mk > old[0] and (tally.mc != tally.mcw or tally.mw != tally.mww):
+            _line(lines, (0, tally.mk), tally.id, tally.mc - tally.mcw, tally.mw - tally.mww)
+        if tally.hk > old[1] and (tally.hc != tally.hcw or tally.hw != tally.hww):
+            _line(lines, (1, tally.hk), tally.id, tally.hc - tally.hcw, tally.hw - tally.hww)
+    for tier, b in changed.touched:  # the logs' lines not on disk
+        log = board.buckets[tier].get(b)
+        if log is None or b <= old[tier]:
+            continue
+        tallies, counts, weights = log.tallies, log.counts, log.weights
+        for k in range(log.written, len(tallies)):
+            if tallies[k].epoch != GONE:
+                _line(lines, (tier, b), tallies[k].id, counts[k], weights[k])
+        for tally, count, weight in log.credit:
+            if tally.epoch != GONE:
+                _line(lines, (tier, b), tally.id, count, weight)
+    parts: list[Part] = []
+    merged: list[tuple[int, int]] = []
+    for (tier, b), (ids, counts, weights) in lines.items():
+        state = shelf.get((tier, b))
+        log = board.buckets[tier].get(b)
+        long = state is not None and state[1] + len(ids) > 2 * state[2] + slack
+        if long and log is not None:
+            merged.append((tier, b))
+            parts.append(whole(tier, b, log))
+            continue
+        part = 0 if state is None else state[0]
+        parts.append((tier, b, part, _pack((ids, counts, weights)), len(ids)))
+    return parts, merged
+
+
+def _line(
+    lines: dict[tuple[int, int], tuple[list[int], list[int], list[float]]],
+    key: tuple[int, int], tid: int, count: int, weight: float,
+) -> None:  # fmt: skip
+    into = lines.get(key)
+    if into is None:
+        into = lines[key] = ([], [], [])
+    into[0].append(tid)
+    into[1].append(count)
+    into[2].append(weight)
+
+
+def whole(tier: int, b: int, log: Log) -> Part:
+    """The bucket as one part: each live tally's lines summed, with what it holds itself
+    while this is its newest bucket."""
+    sums = log.sums()
+    for tally in log.newest:
+        if tally.epoch == GONE:
+            continue
+        if tier == 0 and tally.mk == b:
+            count, weight = tally.mc, tally.mw
+        elif tier == 1 and tally.hk == b:
+            count, weight = tally.hc, tally.hw
+        else:
+            continue
+        entry = sums.get(tally)
+        if entry is None:
+            sums[tally] = [count, weight]
+        else:
+            entry[0] += count
+            entry[1] += weight
+    ids: list[int] = []
+    counts: list[int] = []
+    weights: list[float] = []
+    for tally, (count, weight) in sums.items():
+        if count:
+            ids.append(tally.id)
+            counts.append(count)
+            weights.append(weight)
+    return (tier, b, 0, _pack((ids, counts, weights)), len(ids))
+
+
+def summed(log: Log) -> None:
+    """A log written as one part: its lines are now one per tally (all on disk), and the
+    tallies it is the newest of hold what they gained themselves, as before."""
+    sums = log.sums()
+    log.tallies = [t for t, (count, _) in sums.items() if count]
+    log.counts = [sums[t][0] for t in log.tallies]
+    log.weights = [sums[t][1] for t in log.tallies]
+    log.written = len(log.tallies)
+    log.credit = []
+    log.newest = [t for t in log.newest if t.epoch != GONE]
+
+
+def _pack(entries: Sequence[list[Any]]) -> bytes:
+    return bytes(msgpack.packb(list(entries), use_bin_type=True))

@@ -1,0 +1,218 @@
+"""The board read back at boot from its chunks and parts (``chunks``, ``parts``): a million
+tallies and two million bucket lines, so built with as few and as cheap steps as can be
+(records come entity by entity; ids index a list; a bucket's log is its parts' lists)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import msgpack
+
+from . import windows
+from .board import Board, Key
+from .chunks import CHUNK, Shelf, unpack_records
+from .ledger import COHORT, LEDGER
+from .tallies import Log, Scope, Tally
+from .windows import KEEP
+
+
+def load_chunks(
+    board: Board,
+    shelf: Shelf,
+    rows: Iterable[tuple[int, bytes, bytes]],
+    cohort_ids: set[int],
+    missing: Sequence[int],
+    next_id: int,
+) -> Ids:
+    """The tallies as the chunks hold them, ``rows`` newest chunk first (see ``chunks``):
+    each id's first record is its own, and a burial or a dropped cohort's record hides
+    the older ones. Decayed sums are moved to the board's bases, exactly (powers of two),
+    but for the half-lives in ``missing``: filled from the ledger instead. Returns the
+    tallies by id, for ``load_parts``. A million tallies: each is built here with its
+    indexes, its scope found once per chunk."""
+    rows = list(rows)
+    by_id = Ids(next_id, len(rows) * CHUNK)
+    table = by_id.table
+    top = 0
+    bases = board.decay
+    half_lives = len(bases)
+    index = board.by_entity
+    for chunk, decay_data, data in rows:
+        taken: dict[int, int] = dict(msgpack.unpackb(decay_data))
+        order = list(taken)
+        width = len(order)
+        places: list[tuple[int, int, float]] = [
+            (i, order.index(hl), windows.rebase_factor(taken[hl], base, hl))
+            for i, (hl, base) in enumerate(bases)
+            if hl in taken and hl not in missing
+        ]
+        # the sums as they are, where the chunk keeps the board's half-lives, in its order
+        as_is = order == [hl for hl, _ in bases] and all(f == 1.0 for _, _, f in places)
+        as_is = as_is and len(places) == half_lives
+        slots, ids, entities, where, counts, weights, trends, buried = unpack_records(data)
+        top = max(top, max(ids, default=0), max(buried, default=0))
+        for place in by_id.places(buried):
+            if table[place] is None:
+                table[place] = GONE_TALLY
+        spots = by_id.places(ids)
+        scopes: list[Scope | None] = []
+        keys: list[Key] = []
+        kinds_of: list[str] = []
+        for layer, key, kind in slots:
+            kept = layer != COHORT or key in cohort_ids
+            scopes.append(board.scope_for((layer, key, kind)) if kept else None)
+            keys.append(None if layer == LEDGER else key)
+            kinds_of.append(kind)
+        members: list[Tally] = []
+        last: str | None = None  # records are written entity by entity: its kinds at hand
+        kinds: dict[str, dict[Key, Tally]] = {}
+        for j in range(len(ids)):
+            place = spots[j]
+            if table[place] is not None:
+                continue  # a newer record, or buried
+            s = where[j]
+            scope = scopes[s]
+            count = counts[j]
+            if scope is None or not count:
+                table[place] = GONE_TALLY
+                continue
+            entity = entities[j]
+            if entity == last and last is not None:
+                entity = last  # one str per entity, not per tally
+            else:
+                kinds = index.setdefault(entity, {})
+                last = entity
+            kind = kinds_of[s]
+            mine = kinds.get(kind)
+            if mine is None:
+                mine = kinds[kind] = {}
+            key = keys[s]
+            if key in mine:  # not written so, but never counted twice
+                table[place] = GONE_TALLY
+                continue
+            if as_is:
+                trend = trends[j * width : (j + 1) * width]
+            else:
+                trend = [0.0] * half_lives
+                for i, k, factor in places:
+                    trend[i] = trends[j * width + k] * factor
+            tally = Tally(entity, scope, half_lives, count, weights[j], trend)
+            mine[key] = scope.tallies[entity] = tally
+            tally.id = ids[j]
+            tally.chunk = chunk
+            table[place] = tally
+            members.append(tally)
+        board.tallies += len(members)
+        shelf.members[chunk] = members
+        shelf.sizes[chunk] = len(ids) + len(buried)
+        shelf.next_chunk = max(shelf.next_chunk, chunk + 1)
+    shelf.next_id = max(next_id, top + 1)
+    return by_id
+
+
+#: what ``Ids`` holds for an id seen and gone (buried, of a cohort dropped)
+GONE_TALLY: Final = Tally("", Scope((0, "", "")), 0)
+
+
+class Ids:
+    """Tallies by id, at boot: a list indexed by id, as ids are given in order and few go
+    unused; where they are sparse (many tallies made and gone since the ids began), by a
+    place given to each id as it is first seen."""
+
+    __slots__ = ("remap", "table")
+
+    def __init__(self, next_id: int, records: int) -> None:
+        dense = next_id <= 8 * records + 1_000_000
+        self.remap: dict[int, int] | None = None if dense else {}
+        self.table: list[Tally | None] = [None] * (next_id + 1 if dense else 0)
+
+    def places(self, ids: list[int]) -> list[int]:
+        remap = self.remap
+        if remap is not None:
+            ids = [remap.setdefault(i, len(remap)) for i in ids]
+        top = max(ids, default=-1) + 1
+        if top > len(self.table):
+            self.table.extend([None] * (top - len(self.table)))
+        return ids
+
+    def find(self, ids: list[int]) -> tuple[list[Tally], list[int] | None]:
+        """The live tally of each id, and where some are not (gone, or never seen), the
+        places in ``ids`` of those that are."""
+        found = list(map(self.table.__getitem__, self.places(ids)))
+        tallies = [t for t in found if t is not None and t is not GONE_TALLY]
+        if len(tallies) == len(found):
+            return tallies, None
+        keep = [k for k in range(len(found)) if found[k] is not None and found[k] is not GONE_TALLY]
+        return tallies, keep
+
+
+def load_parts(
+    board: Board,
+    shelf: Shelf,
+    rows: Iterable[tuple[int, int, bytes]],
+    by_id: Ids,
+) -> None:
+    """The buckets' logs as their parts hold them, ``rows`` (tier, bucket, entries), and
+    each window's totals from the buckets it holds. Two million lines: each log is built
+    from its parts' lists as they are, its tallies found in C (``map``)."""
+    for tier, b, data in rows:
+        ids: list[int]
+        counts: list[int]
+        weights: list[float]
+        ids, counts, weights = msgpack.unpackb(data)
+        state = shelf.parts.get((tier, b))
+        if state is None:
+            state = shelf.parts[tier, b] = [0, 0, 0]
+        state[0] += 1
+        state[1] += len(ids)
+        state[2] = state[1]  # as if written as one: parts so far are not written again soon
+        current = board.minute if tier == 0 else board.hour
+        if b <= current - KEEP[tier]:
+            continue  # the next checkpoint deletes it
+        tallies, keep = by_id.find(ids)
+        if keep is not None:  # lines of tallies gone, or of cohorts dropped
+            counts = [counts[k] for k in keep]
+            weights = [weights[k] for k in keep]
+        first, second = (0, 1) if tier == 0 else (2, 3)
+        _windows(tallies, counts, weights, tier, windows.holds(first, b, current),
+                 windows.holds(second, b, current))  # fmt: skip
+        kept = board.buckets[tier]
+        log = kept.get(b)
+        if log is None:
+            log = kept[b] = Log()
+        if log.tallies:
+            log.tallies += tallies
+            log.counts += counts
+            log.weights += weights
+        else:  # the common case: no copy
+            log.tallies, log.counts, log.weights = tallies, counts, weights
+        log.written = len(log.tallies)
+
+
+def _windows(
+    tallies: list[Tally], counts: list[int], weights: list[float], tier: int, one: bool,
+    two: bool,
+) -> None:  # fmt: skip
+    """A bucket's lines added to the windows that hold it: the shorter of its tier
+    (``one``) and the longer (``two``)."""
+    if not (one or two):
+        return
+    for k in range(len(tallies)):
+        tally = tallies[k]
+        count = counts[k]
+        weight = weights[k]
+        if tier == 0:
+            if one:
+                tally.c0 += count
+                tally.w0 += weight
+            if two:
+                tally.c1 += count
+                tally.w1 += weight
+        else:
+            if one:
+                tally.c2 += count
+                tally.w2 += weight
+            if two:
+                tally.c3 += count
+                tally.w3 += weight
