@@ -53,19 +53,7 @@ def load(db: sqlite3.Connection, now: int) -> Snapshot:
 def rebuilt(db: sqlite3.Connection, now: int, cohorts: set[int]) -> tuple[Board, Shelf]:
     on_disk = load(db, now).board
     board, shelf = Board(on_disk.decay, now), Shelf(chunk=7, part_slack=1)
-    restore.rebuild(
-        board,
-        shelf,
-        chunks=on_disk.chunks,
-        parts=on_disk.parts,
-        next_id=on_disk.next_tally_id,
-        missing=on_disk.missing,
-        trends=on_disk.trends,
-        legacy=(on_disk.aggregates, on_disk.buckets),
-        withdrawn=on_disk.withdrawn,
-        tail=[],
-        cohort_ids=cohorts,
-    )
+    restore.rebuild(board, shelf, on_disk, [], cohorts)
     return board, shelf
 
 

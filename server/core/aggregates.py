@@ -2,13 +2,13 @@
 table and the board's buckets are written (a checkpoint).
 
 They are a view of the ledger. Every ledger row carries what its signal was
-forwarded to (communities and cohort ids), so the tables need not be written
+forwarded to (communities and cohort ids), so the board on disk need not be written
 with every group commit: the board (``board``) holds every aggregate in memory,
 with what is committed, and now and then a checkpoint writes the aggregates it
 changed since the last, as it holds them, together with the ledger seq they run
 to (the watermark). Boot replays the ledger past the watermark. The writer then
-pays one ledger row per signal, and one upsert per changed aggregate per
-checkpoint rather than per batch; a signal is counted once, on the board, when
+pays one ledger row per signal, and one record per changed aggregate per
+checkpoint (``chunks``) rather than per batch; a signal is counted once, on the board, when
 its batch has committed.
 """
 

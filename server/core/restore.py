@@ -6,6 +6,7 @@ were written (``take_off``), then the ledger rows past their watermark (``from_r
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import ledger, windows
@@ -17,36 +18,46 @@ from .tallies import Contribution, Log, Tally
 from .windows import KEEP
 
 
+@dataclass(slots=True)
+class BoardRows:
+    """The board as the database holds it (see ``storage.buckets``), for ``rebuild``."""
+
+    decay: list[tuple[int, int]]  # (half-life s, base ns) of each trend (``core.windows``)
+    next_tally_id: int
+    chunks: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # newest first
+    parts: list[tuple[int, int, bytes]] = field(default_factory=list)  # in order
+    #: half-lives some chunk lacks: their decayed sums come from the ledger (``trends``)
+    missing: list[int] = field(default_factory=list)
+    trends: list[tuple[Any, ...]] = field(default_factory=list)
+    #: the row tables of before, if they hold the board (read once, then written as chunks)
+    aggregates: list[tuple[str, int, int, str, str, int, float]] = field(default_factory=list)
+    buckets: list[tuple[str, int, int, str, str, int, int, int, float]] = field(
+        default_factory=list
+    )
+    #: what purges and erases took off since the board was written, to take off it:
+    #: (aggregates rows, buckets rows), oldest first
+    withdrawn: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
+
+
 def rebuild(
-    board: Board,
-    shelf: Shelf,
-    *,
-    chunks: Iterable[tuple[int, bytes, bytes]],
-    parts: Iterable[tuple[int, int, bytes]],
-    next_id: int,
-    missing: Sequence[int],
-    trends: Iterable[Sequence[Any]],
-    legacy: tuple[Sequence[Any], Sequence[Any]],
-    withdrawn: Iterable[tuple[Sequence[Any], Sequence[Any]]],
-    tail: Iterable[Sequence[Any]],
+    board: Board, shelf: Shelf, rows: BoardRows, tail: Iterable[Sequence[Any]],
     cohort_ids: set[int],
-) -> None:
+) -> None:  # fmt: skip
     """The board at boot, and what is on disk of it: the chunks and parts (or the row
-    tables of before, ``legacy``: then all is written as chunks at the first checkpoint,
-    as it is when a half-life is filled from the ledger), less the withdrawals, then the
-    ledger's tail (counted, and written by the next checkpoint)."""
-    aggregates, buckets = legacy
-    if aggregates or buckets:
-        fill(board, aggregates, buckets, cohort_ids)
+    tables of before: then all is written as chunks at the first checkpoint, as it is
+    when a half-life is filled from the ledger), less the withdrawals, then the ledger's
+    tail (counted, and written by the next checkpoint)."""
+    if rows.aggregates or rows.buckets:
+        fill(board, rows.aggregates, rows.buckets, cohort_ids)
         shelf.rewrite = True
-        shelf.next_id = next_id
+        shelf.next_id = rows.next_tally_id
     else:
-        by_id = load_chunks(board, shelf, chunks, cohort_ids, missing, next_id)
-        load_parts(board, shelf, parts, by_id)
-    if missing:
-        refill(board, trends)
+        by_id = load_chunks(board, shelf, rows.chunks, cohort_ids, rows.missing, rows.next_tally_id)
+        load_parts(board, shelf, rows.parts, by_id)
+    if rows.missing:
+        refill(board, rows.trends)
         shelf.rewrite = True
-    for aggregate_rows, bucket_rows in withdrawn:
+    for aggregate_rows, bucket_rows in rows.withdrawn:
         take_off(board, aggregate_rows, bucket_rows)
     board.add(from_row(row) for row in tail)
 
@@ -60,7 +71,7 @@ def refill(board: Board, trends: Iterable[Sequence[Any]]) -> None:
 
 
 def load(board: Board, slot: Slot, entity: str, count: int, weight: float) -> Tally:
-    """A tally as the aggregates table holds it (all-time), before its buckets."""
+    """A tally as the row tables of before hold it (all-time), before its buckets."""
     layer, key, kind = slot
     kinds = board.by_entity.get(entity)
     if kinds is None:
@@ -113,7 +124,7 @@ def fill(
     buckets: Iterable[tuple[str, int, int, str, str, int, int, int, float]],
     cohort_ids: set[int],
 ) -> None:
-    """The board as the tables hold it at boot (dropped cohorts' rows left out)."""
+    """The board as the row tables of before hold it (dropped cohorts' rows left out)."""
     for entity, layer, cohort, name, kind, count, weight in aggregates:
         if not count or (layer == COHORT and cohort not in cohort_ids):
             continue
@@ -129,8 +140,9 @@ def take_off(
     aggregates: Iterable[Sequence[Any]],
     buckets: Iterable[Sequence[Any]],
 ) -> None:
-    """What a purge or erase took off the tables, at boot, after ``fill``: the aggregates it
-    changed are marked, so that the next checkpoint writes them (see ``storage.buckets``)."""
+    """What a purge or erase took off the board on disk, at boot, once that is read: the
+    aggregates it changed are marked, and the lines it took off are not on disk, so that
+    the next checkpoint writes them (see ``storage.buckets``)."""
     for entity, layer, cohort, name, kind, tier, bucket, count, weight in buckets:
         tally = find(board, entity, (layer, cohort if layer == COHORT else name, kind))
         if tally is not None:

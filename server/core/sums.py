@@ -1,6 +1,7 @@
-"""What contributions add up to per aggregate and bucket, as the ``aggregates`` and
-``buckets`` tables keep them: a purge's or erase's share for its ``withdrawals``
-record, or a half-life filled from the ledger. Per ledger row withdrawn, so compiled."""
+"""What contributions add up to per aggregate and bucket, as rows of (aggregate, tier,
+bucket, count, weight): a purge's or erase's share for its ``withdrawals`` record, a
+half-life filled from the ledger, the row tables of before. Per ledger row withdrawn,
+so compiled."""
 
 from __future__ import annotations
 

@@ -89,19 +89,8 @@ class Engine:
         on_disk = snapshot.board
         self.board = Board(on_disk.decay, clock())
         self.shelf = Shelf()
-        restore.rebuild(
-            self.board,
-            self.shelf,
-            chunks=on_disk.chunks,
-            parts=on_disk.parts,
-            next_id=on_disk.next_tally_id,
-            missing=on_disk.missing,
-            trends=on_disk.trends,
-            legacy=(on_disk.aggregates, on_disk.buckets),
-            withdrawn=on_disk.withdrawn,
-            tail=snapshot.ledger_tail,
-            cohort_ids=set(self.cohorts.names()),
-        )
+        cohort_ids = set(self.cohorts.names())
+        restore.rebuild(self.board, self.shelf, on_disk, snapshot.ledger_tail, cohort_ids)
         self.aggregates.signals_committed(len(snapshot.ledger_tail))
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tidal.server.core.batch import Batch
+from tidal.server.core.restore import BoardRows
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +28,7 @@ class Snapshot:
     cohorts: list[tuple[int, str, Any]]
     next_seq: int
     next_cohort_id: int
-    #: the aggregates and buckets tables hold every signal up to this seq
+    #: the board on disk holds every signal up to this seq
     watermark: int
     #: seq, entity, kind, weight, forwarded, context, at_ns: every row past the watermark
     ledger_tail: list[tuple[int, str, str, float, int, bytes | None, int]]
@@ -38,27 +39,6 @@ class Snapshot:
     next_block: int  # the first seq that no block of ledger_users lists yet
     users_tail: list[int]  # the users of the rows from there on, in seq order
     board: BoardRows
-
-
-@dataclass(slots=True)
-class BoardRows:
-    """The board as the database holds it, for ``core.restore`` (see ``buckets``)."""
-
-    decay: list[tuple[int, int]]  # (half-life s, base ns) of each trend (``core.windows``)
-    next_tally_id: int
-    chunks: list[tuple[int, bytes, bytes]] = field(default_factory=list)  # newest first
-    parts: list[tuple[int, int, bytes]] = field(default_factory=list)  # in order
-    #: half-lives some chunk lacks: their decayed sums come from the ledger (``trends``)
-    missing: list[int] = field(default_factory=list)
-    trends: list[tuple[Any, ...]] = field(default_factory=list)
-    #: the row tables of before, if they hold the board (read once, then written as chunks)
-    aggregates: list[tuple[str, int, int, str, str, int, float]] = field(default_factory=list)
-    buckets: list[tuple[str, int, int, str, str, int, int, int, float]] = field(
-        default_factory=list
-    )
-    #: what purges and erases took off since the board was written, to take off it:
-    #: (aggregates rows, buckets rows), oldest first
-    withdrawn: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
 
 
 class Storage(Protocol):

@@ -16,12 +16,12 @@ import msgpack
 
 from tidal.server.core import past, windows
 from tidal.server.core.batch import Batch
-from tidal.server.core.restore import from_row
+from tidal.server.core.restore import BoardRows, from_row
 from tidal.server.core.sums import aggregate_rows, bucket_rows
 
 from . import buckets
 from . import past as storage_past
-from .interface import BoardRows, Snapshot
+from .interface import Snapshot
 from .sqlbulk import (
     ADD_META,
     SET_META,
