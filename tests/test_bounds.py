@@ -270,13 +270,13 @@ async def test_fan_out_is_bounded_per_request_and_checkpointed_by_size(db_path: 
                 for i in range(230)
             ]
             # the third commits with the checkpoint of 490,000 aggregates and their buckets
-            # (about 12 s here: the writer's, docs/DESIGN.md)
+            # (a second or two here: the writer's, docs/DESIGN.md)
             peer.send([0, 5000 + r, "signal_batch", [batch]])
             reply = await peer.receive(timeout=120)
             assert reply[2] is None, reply[2]
         grown = rss_kib(proc.proc.pid) - before
-        # the deltas are checkpointed by size; the board keeps every aggregate (about
-        # 600 bytes each, its windows and its decayed sum included: docs/DESIGN.md)
+        # the board keeps every aggregate (about 660 bytes each, its windows and its
+        # decayed sum included: docs/DESIGN.md), and is checkpointed by size
         assert grown < 1200 * MIB, f"1.5 M tallies cost {grown} KiB"
         batch = [[i, "e", "v", 1.0, {"communities": ["c"]}] for i in range(300)]
         error = (await peer.call("signal_batch", batch, msgid=6000))[2]
