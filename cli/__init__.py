@@ -1,4 +1,5 @@
-"""``tidal``: the one console script (serve, call, status, stats, top, health, backup, bench).
+"""``tidal``: the one console script (serve, call, status, stats, top, watch, health, backup,
+bench).
 
 It sits above the server and the client and imports from both; neither imports it.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from tidal.server.config import Config
 from tidal.server.version import VERSION
 
-from . import commands
+from . import commands, watch
 from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
 from .workload import WORKLOADS
 
@@ -80,6 +81,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     top.add_argument("--limit", type=int, default=10, help="entities, 1..1000 (default 10)")
     top.add_argument("--json", action="store_true", help="print the reply as one JSON object")
     client_options(settings, top)
+    client_options(settings, watch.add(commands))
     health = commands.add_parser(
         "health",
         help="exit 0 if the server is ready and its storage takes writes, 1 otherwise",
@@ -148,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.health(args)
     if args.command == "top":
         return commands.top(parser, args)
+    if args.command == "watch":
+        return watch.run(parser, args)
     return commands.call(args)
 
 

@@ -6,6 +6,7 @@ from .errors import (
     ClientError,
     ConnectFailed,
     ConnectionLost,
+    FeedGap,
     InternalError,
     InvalidArgument,
     InvalidParams,
@@ -19,10 +20,12 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .subscription import Subscription
 from .sync import SyncClient
 from .types import (
     Counts,
     Event,
+    FeedEvent,
     LeftUsers,
     Membership,
     Ranked,
@@ -41,6 +44,8 @@ __all__ = [
     "ConnectionLost",
     "Counts",
     "Event",
+    "FeedEvent",
+    "FeedGap",
     "InternalError",
     "InvalidArgument",
     "InvalidParams",
@@ -54,6 +59,7 @@ __all__ = [
     "ServerError",
     "Signal",
     "SignalAck",
+    "Subscription",
     "SyncClient",
     "Tally",
     "TidalError",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl as ssl_module
+from collections.abc import Callable
 from typing import Any
 
 from tidal.protocol import (
@@ -100,9 +101,16 @@ class Link:
             return False
         return True
 
-    def roundtrip(self, method: str, params: list[Any], timeout: float | None) -> Any:
+    def roundtrip(
+        self,
+        method: str,
+        params: list[Any],
+        timeout: float | None,
+        notified: Callable[[Notification], None] | None = None,
+    ) -> Any:
         """One request, its reply. Any doubt about the stream drops the connection, so that
-        a late reply can never be taken for the answer to a later request."""
+        a late reply can never be taken for the answer to a later request. ``notified``
+        is given the notifications that arrive meanwhile (a subscription's)."""
         sock = self.sock
         assert sock is not None
         msgid = self._next_msgid
@@ -127,6 +135,8 @@ class Link:
                     lost = closed_by_server(event.params)
                     log.warning("%s", lost)
                     raise lost
+                elif type(event) is Notification and notified is not None:
+                    notified(event)
         except TimeoutError:
             self.drop()
             raise CallTimeout(f"{method}: no reply in {timeout}s") from None
@@ -139,3 +149,34 @@ class Link:
         if event.error is not None:
             raise from_wire(event.error)
         return event.result
+
+    def notifications(self, timeout: float | None) -> list[Notification]:
+        """What the server has sent unasked, waiting up to ``timeout`` for some; raises
+        ``ConnectionLost`` (the connection dropped) or ``CallTimeout`` (nothing came)."""
+        sock = self.sock
+        assert sock is not None
+        notes: list[Notification] = []
+        try:
+            sock.settimeout(timeout)
+            while not notes:
+                event = self.conn.next_event()
+                if event is NEED_DATA:
+                    data = sock.recv(65536)
+                    if not data:
+                        raise ConnectionLost("connection lost: closed by the server")
+                    self.conn.receive_data(data)
+                elif type(event) is Notification:
+                    notes.append(event)
+            while (event := self.conn.next_event()) is not NEED_DATA:
+                if type(event) is Notification:
+                    notes.append(event)
+        except TimeoutError:
+            self.drop()
+            raise CallTimeout(f"nothing from the server in {timeout}s") from None
+        except ConnectionLost:
+            self.drop()
+            raise
+        except (OSError, RemoteProtocolError) as exc:
+            self.drop()
+            raise ConnectionLost(f"connection lost: {exc}") from exc
+        return notes

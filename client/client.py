@@ -21,7 +21,9 @@ from .errors import (
     ConnectionLost,
     Unavailable,
 )
+from .feed import Cursor
 from .requests import Call
+from .subscription import DEAD_AFTER, Subscription
 from .transport import ClientProtocol, close_transport, request
 from .types import (
     Counts,
@@ -302,6 +304,27 @@ class Client:
         while call is not None:
             call = requests.next_page(method, first, await self._send(call), into, page)
         return into
+
+    def subscribe(
+        self,
+        from_id: int | None = None,
+        events: Iterable[str] | None = None,
+        *,
+        dead_after: float | None = DEAD_AFTER,
+    ) -> Subscription:
+        """The change feed: ``async for event in client.subscribe(): ...``, on a connection
+        of its own. ``from_id``: replay the events after it first; ``events``: only these
+        ("leave", "rejoin", "purge", "erase", "define_cohort", "drop_cohort"). It resumes
+        by itself from the last id it yielded (``FeedGap`` if the server keeps no more);
+        ``dead_after`` seconds without a heartbeat, it takes the link for dead."""
+        return Subscription(
+            self._dial,
+            Cursor(from_id, events),
+            timeout=self._timeout,
+            reconnect=self._reconnect_attempts,
+            first_delay=RECONNECT_FIRST_DELAY,
+            dead_after=dead_after,
+        )
 
     async def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._send(requests.read("stats"))

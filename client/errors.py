@@ -70,6 +70,16 @@ class InvalidParams(ServerError):
     code = ErrorCode.INVALID_PARAMS
 
 
+class FeedGap(InvalidParams):
+    """The change feed no longer keeps the events after the id a subscription resumes
+    from (``--event-retention``): whatever was built from it must be rebuilt from the
+    current state, then followed from a new subscription. ``oldest``: the oldest kept."""
+
+    def __init__(self, message: str, oldest: int | None = None) -> None:
+        super().__init__(message)
+        self.oldest = oldest
+
+
 class InternalError(ServerError):
     code = ErrorCode.INTERNAL_ERROR
 

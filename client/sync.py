@@ -23,7 +23,10 @@ from .errors import (
     ConnectionLost,
     Unavailable,
 )
+from .feed import Cursor
 from .requests import Call
+from .subscription import DEAD_AFTER
+from .sync_subscription import SyncSubscription
 from .types import (
     Counts,
     Event,
@@ -56,6 +59,7 @@ class SyncClient:
         self._reconnect_attempts = reconnect
         self._lock = threading.Lock()
         self._link = Link(host, port, timeout, token, ssl)
+        self._new_link = lambda: Link(host, port, timeout, token, ssl)
         self._closed = False
         with self._lock:
             self._link.dial()
@@ -223,6 +227,24 @@ class SyncClient:
         while call is not None:
             call = requests.next_page(method, first, self._send(call), into, page)
         return into
+
+    def subscribe(
+        self,
+        from_id: int | None = None,
+        events: Iterable[str] | None = None,
+        *,
+        dead_after: float | None = DEAD_AFTER,
+    ) -> SyncSubscription:
+        """The change feed, as a blocking iterator on a socket of its own; the same as
+        ``Client.subscribe``."""
+        return SyncSubscription(
+            self._new_link,
+            Cursor(from_id, events),
+            timeout=self._timeout,
+            reconnect=self._reconnect_attempts,
+            first_delay=RECONNECT_FIRST_DELAY,
+            dead_after=dead_after,
+        )
 
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = self._send(requests.read("stats"))

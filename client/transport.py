@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, cast
 
 from tidal.protocol import (
@@ -33,6 +34,8 @@ class ClientProtocol(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
         self._writable = asyncio.Event()
         self._writable.set()
+        #: given the server's notifications (a subscription's), and None once it is lost
+        self.notified: Callable[[Notification | None], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -50,10 +53,13 @@ class ClientProtocol(asyncio.Protocol):
                         future.set_result(event.result)
                     else:
                         future.set_exception(from_wire(event.error))
-                elif type(event) is Notification and event.method == "error":
-                    # the server says why it is about to close: the calls it ends say so too
-                    self.lost = closed_by_server(event.params)
-                    log.warning("%s", self.lost)
+                elif type(event) is Notification:
+                    if event.method == "error":
+                        # the server says why it is about to close: the calls it ends say so
+                        self.lost = closed_by_server(event.params)
+                        log.warning("%s", self.lost)
+                    if self.notified is not None:
+                        self.notified(event)
         except RemoteProtocolError as exc:
             self.lost = ConnectionLost(f"the server sent something unreadable: {exc}")
             assert self.transport is not None
@@ -68,6 +74,8 @@ class ClientProtocol(asyncio.Protocol):
                 future.set_exception(self.lost)
         self.pending.clear()
         self._writable.set()
+        if self.notified is not None:
+            self.notified(None)
         if not self.closed.done():
             self.closed.set_result(None)
 

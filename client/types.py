@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 Scalar: TypeAlias = str | int | float | bool
@@ -60,6 +60,38 @@ class Event:
     @classmethod
     def from_wire(cls, value: dict[str, Any]) -> Event:
         return cls(value["event"], value["at_ns"], value["signals"])
+
+
+@dataclass(frozen=True, slots=True)
+class FeedEvent:
+    """An event of the change feed. ``id`` increases by exactly 1 per event; the fields
+    after ``at_ns`` are those the event has: ``user_id`` and ``left_at_ns`` (leave,
+    rejoin, erase; a rejoin's is the leave it ends), ``purged`` (purge, leave with purge),
+    ``erased`` (erase: a count, nothing of the user's data), a cohort's ``name`` and
+    ``predicate`` (define_cohort; drop_cohort has the name)."""
+
+    id: int
+    event: Literal["leave", "rejoin", "purge", "erase", "define_cohort", "drop_cohort"]
+    at_ns: int
+    user_id: int | None = None
+    left_at_ns: int | None = None
+    purged: int | None = None
+    erased: int | None = None
+    name: str | None = None
+    predicate: dict[str, Any] | None = None
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> FeedEvent:
+        get = value.get
+        return cls(
+            value["id"], value["event"], value["at_ns"], get("user_id"), get("left_at_ns"),
+            get("purged"), get("erased"), get("name"), get("predicate"),
+        )  # fmt: skip
+
+    def wire(self) -> dict[str, Any]:
+        """As the server sent it: only the fields the event has."""
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {name: value for name, value in values if value is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """MessagePack-RPC for tidal, sans-I/O: no sockets, no event loop, only bytes and messages."""
 
-from .connection import DEFAULT_MAX_MESSAGE_SIZE, Connection
+from .connection import DEFAULT_MAX_MESSAGE_SIZE, Connection, notification_head
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
 from .framing import DECODING, NEED_DATA
 from .messages import (
@@ -33,4 +33,5 @@ __all__ = [
     "RemoteProtocolError",
     "Request",
     "Response",
+    "notification_head",
 ]

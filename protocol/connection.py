@@ -201,6 +201,13 @@ class Connection:
         return data[1 if count < 16 else 3 if count < 65536 else 5 :]
 
 
+def notification_head(method: str) -> bytes:
+    """The bytes of ``[2, method, [`` before a single argument packed on its own: an event
+    encoded once is pushed to every subscriber, and replayed from disk, behind this."""
+    head: bytes = msgpack.packb(method, use_bin_type=True)
+    return b"\x93\x02" + head + b"\x91"
+
+
 def _first(message: tuple[Any, ...]) -> object:
     """A message's msgid as the caller gave it: read as its declared ``int``, compiled code
     would take True for 1 or refuse a str with TypeError, not ``LocalProtocolError``."""

@@ -37,3 +37,9 @@ REPLY_ENVELOPE: Final = 1024
 #: the smallest ``--max-message-size`` that works: room for the largest single item a reply
 #: carries (a cohort, its name and a predicate of MAX_PREDICATE_BYTES) or a request sends
 MIN_MESSAGE_SIZE: Final = 2 * REPLY_ENVELOPE + MAX_PREDICATE_BYTES
+#: the change feed's events, by name (``subscribe``'s ``events`` option)
+FEED_EVENTS: Final = ("leave", "rejoin", "purge", "erase", "define_cohort", "drop_cohort")
+#: a subscriber with this many events, or bytes, written to it and still unsent is told
+#: ``lagging`` and closed: a reader that does not keep up never holds up writers or memory
+FEED_MAX_QUEUED_EVENTS: Final = 10_000
+FEED_MAX_QUEUED_BYTES: Final = 8 * 1024 * 1024

@@ -177,6 +177,8 @@ class Server:
             hold=self.state.hold,
             max_reply=config.max_message_size,
             ledger_retention=config.ledger_retention,
+            event_retention=config.event_retention,
+            heartbeat=config.feed_heartbeat,
         )
         _settle_gc()
         done = time.perf_counter()
@@ -223,8 +225,9 @@ class Server:
         return port
 
     async def _sweep_idle(self) -> None:
-        """Close connections that have nothing in flight and sent nothing for idle_timeout,
-        and those whose partial message is older than message_timeout."""
+        """Close connections that have nothing in flight and sent nothing for idle_timeout
+        (a subscriber listens: it need send nothing), and those whose partial message is
+        older than message_timeout."""
         timeout = self.config.idle_timeout
         message_timeout = self.config.message_timeout
         while True:
@@ -236,7 +239,7 @@ class Server:
             for conn in list(self.connections):
                 if conn.closed:
                     continue
-                if conn.last_active < cutoff and conn.inflight == 0:
+                if conn.last_active < cutoff and conn.inflight == 0 and conn.listener is None:
                     conn.close_idle(timeout)
                 elif conn.partial_since is not None and conn.partial_since < now - message_timeout:
                     conn.close_stalled(message_timeout)

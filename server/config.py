@@ -116,6 +116,15 @@ class Config:
         " every row",
         kind="duration",
     )
+    event_retention: float = _setting(
+        30 * 86400.0,
+        "change feed events older than this (30d, 12h, 90m, 45s) are deleted; a subscribe"
+        " from an id before the oldest kept is refused. 0 keeps every event",
+        kind="duration",
+    )
+    feed_heartbeat: float = _setting(
+        5.0, "seconds between heartbeats to each change feed subscriber"
+    )
     trend_half_lives: str = _setting(
         "6h",
         "the half-lives top may rank trends by, comma-separated (30m, 6h, 1d); each"
@@ -153,6 +162,8 @@ class Config:
             (self.checkpoint_signals >= 1, "checkpoint_signals: at least 1"),
             (self.checkpoint_seconds > 0, "checkpoint_seconds: more than 0"),
             (self.ledger_retention >= 0, "ledger_retention: 0 (keep every row) or more"),
+            (self.event_retention >= 0, "event_retention: 0 (keep every event) or more"),
+            (self.feed_heartbeat > 0, "feed_heartbeat: more than 0 seconds"),
         ]
         try:
             self.half_lives()

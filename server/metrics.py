@@ -26,6 +26,13 @@ class Backend(Protocol):
     def backend(self) -> str: ...
 
 
+class Feed(Protocol):
+    sent: int
+    lagged: int
+
+    def __len__(self) -> int: ...
+
+
 class Engine(Protocol):
     """The engine, as the metrics read it: a shape, as the engine imports the metrics."""
 
@@ -43,6 +50,9 @@ class Engine(Protocol):
 
     @property
     def health(self) -> Callable[[], dict[str, Any]]: ...
+
+    @property
+    def feed(self) -> Feed: ...
 
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -164,6 +174,17 @@ class _Collector(Collector):
         yield GaugeMetricFamily("tidal_connections", "Open connections.", value=m.connections())
         users_left = len(engine.members) if engine else 0
         yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
+        feed = engine.feed if engine else None
+        yield GaugeMetricFamily(
+            "tidal_subscribers", "Change feed subscribers now.", value=len(feed) if feed else 0
+        )
+        sent = feed.sent if feed else 0
+        yield _counter("tidal_events_sent", "Change feed events written to subscribers.", sent)
+        yield _counter(
+            "tidal_subscribers_lagging",
+            "Subscribers closed for lagging: too much written to them still unread.",
+            feed.lagged if feed else 0,
+        )
 
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:

@@ -14,6 +14,7 @@ from tidal.client import Client, InvalidParams, Signal
 from tidal.server import Config, Server
 
 from .conftest import ServerProcess
+from .rawrpc import RawPeer
 
 
 def scrape(port: int) -> str:
@@ -32,6 +33,8 @@ async def test_metrics_count_what_happened(db_path: Path) -> None:
     server = Server(Config(port=0, db=str(db_path), metrics_port=0))
     await server.start()
     try:
+        peer = await RawPeer.open(server.address)
+        assert (await peer.call("subscribe"))[3] == {"last_id": 0}
         async with await Client.connect(*server.address) as c:
             await c.leave(1)
             await c.signal(1, "e", "view")
@@ -42,8 +45,12 @@ async def test_metrics_count_what_happened(db_path: Path) -> None:
             with pytest.raises(InvalidParams):
                 await c.call("signal", -1, "e", "view")
             text = await asyncio.to_thread(scrape, server.metrics_port)
+        peer.close()
     finally:
         await server.shutdown()
+    assert value(text, "tidal_subscribers") == 1
+    assert value(text, "tidal_events_sent_total") == 3  # 2 leaves, 1 rejoin
+    assert value(text, "tidal_subscribers_lagging_total") == 0
     assert value(text, "tidal_signals_total") == 5
     assert value(text, "tidal_forwarded_total") == 4
     assert value(text, "tidal_gated_total") == 1
@@ -51,7 +58,7 @@ async def test_metrics_count_what_happened(db_path: Path) -> None:
     assert value(text, "tidal_rejoins_total") == 1
     assert value(text, 'tidal_errors_total{code="-32602"}') == 1
     assert value(text, "tidal_users_left") == 1
-    assert value(text, "tidal_connections") == 1
+    assert value(text, "tidal_connections") == 2  # the client, the subscriber
     assert value(text, 'tidal_request_seconds_count{method="signal"}') == 3
     assert value(text, 'tidal_request_seconds_count{method="signal_batch"}') == 1
     assert value(text, "tidal_commit_batch_size_count") >= 1

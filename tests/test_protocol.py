@@ -18,6 +18,7 @@ from tidal.protocol import (
     RemoteProtocolError,
     Request,
     Response,
+    notification_head,
 )
 
 
@@ -41,6 +42,18 @@ def test_request_notification_and_response_decode() -> None:
         Notification("signal", [1, "e", "k"]),
         Response(9, None, "pong"),
     ]
+
+
+@pytest.mark.parametrize("method", ["event", "heartbeat", "x" * 40])
+def test_a_notification_head_and_an_argument_packed_apart_are_one_notification(
+    method: str,
+) -> None:
+    """The change feed encodes an event once and sends it behind this head, to every
+    subscriber: the bytes must be exactly ``[2, method, [event]]``."""
+    event = {"id": 2**63 - 1, "event": "leave", "user_id": 2**64 - 1, "name": "ü" * 40}
+    data = notification_head(method) + msgpack.packb(event)
+    assert data == msgpack.packb([2, method, [event]])
+    assert events(Connection(), data * 2) == [Notification(method, [event])] * 2
 
 
 def test_a_message_split_at_every_byte_decodes_once() -> None:

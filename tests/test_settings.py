@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.server.config import Config, env, flag
+from tidal.server.config import Config, duration, env, flag
 
 from .conftest import ServerProcess
 
@@ -36,6 +36,8 @@ def test_every_setting_is_in_the_readme_with_its_variable_and_default() -> None:
         assert variable == env(f.name), (flag(f.name), variable)
         if f.default is None or f.default is False:
             assert default in ("none", "off"), (flag(f.name), default)
+        elif f.metadata["kind"] == "duration":  # shown as written: 30d
+            assert duration(default) == f.default, (flag(f.name), default, f.default)
         elif isinstance(f.default, int | float) and not isinstance(f.default, bool):
             assert float(default) == f.default, (flag(f.name), default, f.default)
         else:

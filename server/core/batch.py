@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .board import Board, Changed
 from .chunks import Shelf, Written
+from .feed import Change, FeedRead
 from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
@@ -49,6 +50,11 @@ class Batch:
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order
     history: list[Event] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # the change feed's events, in order
+    feed_reads: list[FeedRead] = field(default_factory=list)  # pages subscribers replay
+    #: feed retention: (events before at_ns, through this id at most; see ``engine.feed``)
+    retire_events: tuple[int, int] | None = None
+    events_retired: int = 0  # ... how many the writer deleted
     retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
     retired: int = 0  # ... how many the writer deleted
     reach: bool = False  # a health check: the writer reaches the database, even with no writes
@@ -69,6 +75,8 @@ class Batch:
             self.writes
             or self.replies
             or self.reads
+            or self.feed_reads
             or self.board_changed is not None
             or self.retire is not None
+            or self.retire_events is not None
         )

@@ -15,6 +15,7 @@ import msgpack
 
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
+    FEED_EVENTS,
     KIND_MAX_BYTES,
     MAX_ATTRS,
     MAX_PREDICATE_BYTES,
@@ -162,6 +163,45 @@ def leave_options(value: object) -> bool:
             raise InvalidParams(f"{where}.purge: must be true or false, got {describe(item)}")
         purge = item
     return purge
+
+
+def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]:
+    """``subscribe``'s options: ``from`` (replay the events after this id first) and
+    ``events`` (the names to receive; all by default)."""
+    where = "options"
+    if type(value) is not dict:
+        raise InvalidParams(f"{where}: must be a map, got {describe(value)}")
+    after: int | None = None
+    names: frozenset[str] | None = None
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key == "from":
+            if type(item) is not int or not 0 <= item <= 2**63 - 1:
+                raise InvalidParams(
+                    f"{where}.from: must be an event id, an integer in 0..2**63-1, got"
+                    f" {describe(item)}"
+                )
+            after = item
+        elif key == "events":
+            if type(item) is not list or not item:
+                raise InvalidParams(
+                    f"{where}.events: must be a non-empty array of event names, got"
+                    f" {describe(item)}"
+                )
+            listed = [n.decode("utf-8", "replace") if type(n) is bytes else n for n in item]
+            for i, name in enumerate(listed):
+                if type(name) is not str or name not in FEED_EVENTS:
+                    shown = repr(name) if type(name) is str else describe(name)
+                    raise InvalidParams(
+                        f"{where}.events[{i}]: unknown event {shown}; one of"
+                        f" {', '.join(FEED_EVENTS)}"
+                    )
+            names = frozenset(listed)
+        else:
+            raise InvalidParams(
+                f"{where}: unknown key {key!r}; subscribe takes 'from' and 'events'"
+            )
+    return after, names
 
 
 #: where a page of ``counts`` starts: after this aggregate (layer, key, kind)

@@ -1,6 +1,7 @@
 """The shapes a reply takes on its way out, kept apart so that every room can name
 them: where an answer goes (``Replier``, the connection), an answer worked out
-after its commit (``Later``), and how to take back a change to memory (``Undo``).
+after its commit (``Later``), how to take back a change to memory (``Undo``), and
+what a connection tells its subscription (``Listener``).
 """
 
 from __future__ import annotations
@@ -39,3 +40,28 @@ class Replier(Protocol):
     def reading(self, started: bool) -> None: ...
 
     def flush(self) -> None: ...
+
+    # -- what the change feed pushes through (``engine.feed``) ------------------------
+
+    #: told when the connection can take more, and when it is gone
+    listener: Listener | None
+
+    def push(self, data: bytes) -> None:
+        """Bytes the server sends unasked (notifications), after every reply made so far."""
+
+    def unsent(self) -> int:
+        """Bytes written to the connection that the peer has not yet taken."""
+
+    def blocked(self) -> bool:
+        """The transport holds more than it wants to: the peer reads slower than we write."""
+
+    def end(self, data: bytes) -> None:
+        """Send ``data`` last, then close (the peer may still read what was sent)."""
+
+
+class Listener(Protocol):
+    def writable(self) -> None:
+        """The connection's transport has drained below its low-water mark."""
+
+    def lost(self) -> None:
+        """The connection is closed."""

@@ -2,8 +2,9 @@
 rejoin, purge, erase, and defining or dropping a cohort.
 
 Each is applied at once, like a signal, and recorded in the open batch with a
-line of the user's history; its reply waits for the commit. A purge or erase
-reaches the user's rows read before it: the writer finds them (``core.past``).
+line of the user's history and an event of the change feed; its reply waits for
+the commit. A purge or erase reaches the user's rows read before it: the writer
+finds them (``core.past``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tidal.server.core import params
+from tidal.server.core import feed, params
 from tidal.server.core.batch import Batch
+from tidal.server.core.feed import Change
 from tidal.server.core.members import Membership
 from tidal.server.core.past import ERASE, LEAVE, PURGE, REJOIN, Event, Withdrawal
 from tidal.server.core.replies import Later, Replier
@@ -33,12 +35,17 @@ class Changes:
         purge = params.leave_options(args[1]) if len(args) > 1 else False
         batch = self._e.committer.writable()
         membership = self._e.members.leave(batch, user_id, self._event_ns())
-        assert membership.left_at_ns is not None  # a leave has its time
-        self._event(batch, user_id, LEAVE, membership.left_at_ns)
+        at = membership.left_at_ns
+        assert at is not None  # a leave has its time
+        self._event(batch, user_id, LEAVE, at)
+        change = Change(feed.LEAVE, at, user_id, at)
         if purge:  # in the same batch: committed together, or refused together
             withdrawal = self._withdraw(batch, user_id, erase=False)
+            change.withdrawal = withdrawal
+            batch.changes.append(change)
             self._e.committer.ack(conn, msgid, Outcome(withdrawal, membership))
         else:
+            batch.changes.append(change)
             self._e.committer.ack(conn, msgid, membership.wire())
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
@@ -47,7 +54,9 @@ class Changes:
         batch = self._e.committer.writable()
         membership = self._e.members.rejoin(batch, user_id)
         if membership is not None:
-            self._event(batch, user_id, REJOIN, self._event_ns())
+            at = self._event_ns()
+            self._event(batch, user_id, REJOIN, at)
+            batch.changes.append(Change(feed.REJOIN, at, user_id, membership.left_at_ns))
             self._e.committer.ack(conn, msgid, membership.wire())
         else:  # already active: nothing was written
             self._e.committer.answer(conn, msgid, self._e.members.status(user_id).wire())
@@ -55,7 +64,9 @@ class Changes:
     def purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "purge", "user_id", 1, 1)
         user_id = params.user_id(args[0])
-        withdrawal = self._withdraw(self._e.committer.writable(), user_id, erase=False)
+        batch = self._e.committer.writable()
+        withdrawal = self._withdraw(batch, user_id, erase=False)
+        batch.changes.append(Change(feed.PURGE, withdrawal.at_ns, user_id, withdrawal=withdrawal))
         self._e.committer.ack(conn, msgid, Outcome(withdrawal))
 
     def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
@@ -68,6 +79,9 @@ class Changes:
         self._e.keys.erasing(batch, user_id, withdrawal.before_seq)
         if not self._e.members.is_left(user_id):
             self._e.members.leave(batch, user_id, withdrawal.at_ns)
+        left_at = self._e.members.status(user_id).left_at_ns
+        change = Change(feed.ERASE, withdrawal.at_ns, user_id, left_at, withdrawal)
+        batch.changes.append(change)  # the user's id and how much went: none of their data
         self._e.committer.ack(conn, msgid, Outcome(withdrawal))
 
     def _withdraw(self, batch: Batch, user_id: int, *, erase: bool) -> Withdrawal:
@@ -92,11 +106,19 @@ class Changes:
         self._last_event_ns = max(self._last_event_ns, at_ns)
         batch.history.append(Event(user_id, at_ns, event, w))
 
+    def _feed_event(self, batch: Batch, change: Change) -> None:
+        """An event that is no line of a user's history, timed as the events are."""
+        change.at_ns = self._event_ns()
+        self._last_event_ns = change.at_ns
+        batch.changes.append(change)
+
     def define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "define_cohort", "name, predicate", 2, 2)
         name = params.cohort_name(args[0])
         predicate = params.predicate(args[1])
-        if self._e.cohorts.define(self._e.committer.writable(), name, predicate):
+        batch = self._e.committer.writable()
+        if self._e.cohorts.define(batch, name, predicate):
+            self._feed_event(batch, Change(feed.DEFINE_COHORT, 0, name=name, predicate=predicate))
             self._e.committer.ack(conn, msgid, True)
         else:  # the same cohort again: its counts go on
             self._e.committer.answer(conn, msgid, True)
@@ -104,7 +126,9 @@ class Changes:
     def drop_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "drop_cohort", "name", 1, 1)
         name = params.cohort_name(args[0])
-        if self._e.cohorts.drop(self._e.committer.writable(), name):
+        batch = self._e.committer.writable()
+        if self._e.cohorts.drop(batch, name):
+            self._feed_event(batch, Change(feed.DROP_COHORT, 0, name=name))
             self._e.committer.ack(conn, msgid, True)
         else:
             self._e.committer.answer(conn, msgid, False)

@@ -41,6 +41,7 @@ from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
 
 from .changes import Changes
 from .committer import Committer
+from .feed import Feed
 from .ranked import Ranked
 from .reads import Reads
 from .retention import Retention
@@ -74,6 +75,8 @@ class Engine:
         hold: Callable[[bool], None] = lambda on: None,
         max_reply: int = DEFAULT_MAX_MESSAGE_SIZE,
         ledger_retention: float = 0.0,
+        event_retention: float = 0.0,
+        heartbeat: float = 5.0,
     ) -> None:
         self.storage = storage
         self._clock = clock
@@ -104,6 +107,13 @@ class Engine:
         self.signals = self.forwarded = 0
         self.ledger_rows = snapshot.ledger_rows
         self.retention = Retention(ledger_retention, clock, self.committer)
+        self.feed = Feed(
+            snapshot.last_event_id,
+            self.committer,
+            clock,
+            heartbeat=heartbeat,
+            retention=event_retention,
+        )
         self._methods: dict[str, Handler] = {
             "ping": self._ping,
             "signal": self._signal,
@@ -117,6 +127,8 @@ class Engine:
             erase=changes.erase,
             define_cohort=changes.define_cohort,
             drop_cohort=changes.drop_cohort,
+            subscribe=self.feed.subscribe,
+            unsubscribe=self.feed.unsubscribe,
         )
         ranked = Ranked(self, clock)
         reads = self._reads = Reads(self, ranked)
@@ -135,10 +147,12 @@ class Engine:
     def start(self) -> None:
         self.committer.start()
         self.retention.start()
+        self.feed.start()
 
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
         self.retention.stop()
+        self.feed.stop()
         await self.committer.close()
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
@@ -238,6 +252,7 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
+        self.feed.prepare(batch)
         if self.aggregates.due(self.board) or self.shelf.rewrite:
             self._checkpoint(batch)
             self.keys.forget_old(batch, self._clock())
@@ -282,6 +297,7 @@ class Engine:
         if self.metrics is not None:
             self.metrics.leaves += batch.leaves
             self.metrics.rejoins += batch.rejoins
+        self.feed.committed(batch)  # before the replies: pushed before the ack
 
     def _board_committed(self, batch: Batch) -> None:
         """The board takes in what ``batch`` committed: its signals, then what its
@@ -301,3 +317,4 @@ class Engine:
         if batch.board_changed is not None:
             self.board.put_back(batch.board_changed)
         self._next_seq = batch.first_seq
+        self.feed.failed(batch, later)

@@ -125,6 +125,8 @@ class Reads:
             "db_bytes": self._engine.storage.size(),
             "commits": self._engine.storage.commits,
             "storage": self.health()["storage"],
+            "subscribers": len(self._engine.feed),
+            "last_event_id": self._engine.feed.last_id,
         }
         self._engine.committer.answer(conn, msgid, stats)
 

@@ -15,6 +15,7 @@ from tidal.server.core.members import Members
 from tidal.server.storage.interface import Storage
 
 from .committer import Committer
+from .feed import Feed
 from .retention import Retention
 
 
@@ -22,6 +23,7 @@ class EngineState(Protocol):
     storage: Storage
     committer: Committer
     retention: Retention
+    feed: Feed
     members: Members
     cohorts: Registry
     keys: Keys

@@ -24,6 +24,7 @@ from tidal.protocol import (
     Request,
 )
 from tidal.server.config import Config
+from tidal.server.core.replies import Listener
 from tidal.server.logs import Throttle
 
 from .auth import AUTH_ATTEMPTS, PREAUTH_BYTES, Auth
@@ -44,6 +45,9 @@ SLICE_SECONDS = 0.02
 DECODE_SLICE = 64 * 1024
 #: Large reads (``counts``) one connection may have awaiting replies.
 MAX_PENDING_READS = 16
+#: A subscriber closed for lagging has this long to read what was sent to it, the last
+#: notification saying why, before its connection is cut.
+END_SECONDS = 10.0
 
 
 class ServerConnection(asyncio.Protocol):
@@ -65,6 +69,8 @@ class ServerConnection(asyncio.Protocol):
         self.partial_since: float | None = None  # when the message still arriving began
         self._metrics = state.metrics
         self._started: dict[int, tuple[str, float]] = {}  # msgid -> (method, read at)
+        self.listener: Listener | None = None  # its change feed subscription, if any
+        self._cut: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -89,6 +95,10 @@ class ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._connections.discard(self)
+        if self.listener is not None:
+            self.listener.lost()
+        if self._cut is not None:
+            self._cut.cancel()
         log.debug("connection from %s closed%s", self.peer, f": {exc}" if exc else "")
 
     def eof_received(self) -> bool:
@@ -102,6 +112,8 @@ class ServerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.flow.set(FlowControl.BLOCKED, False)
+        if self.listener is not None:
+            self.listener.writable()
 
     def data_received(self, data: bytes) -> None:
         if self.draining or self.closed:
@@ -269,6 +281,30 @@ class ServerConnection(asyncio.Protocol):
             self.flow.set(FlowControl.BUSY, False)
         if self._eof and not (self.inflight or self._input_left or self.transport.is_closing()):
             self.transport.close()  # a half-closed client has had every answer
+
+    # -- what the change feed pushes through ------------------------------
+
+    def push(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._out:
+            self.flush()  # the replies made so far go first: the order they were made in
+        if not self.closed:
+            self.transport.write(data)
+
+    def unsent(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def blocked(self) -> bool:
+        return bool(self.flow.stopped & FlowControl.BLOCKED)
+
+    def end(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.push(data)
+        self.closed = True
+        self.transport.close()  # what is buffered still goes, then the connection closes
+        self._cut = asyncio.get_running_loop().call_later(END_SECONDS, self.transport.abort)
 
     def close_idle(self, timeout: float) -> None:
         """Close a connection that sent nothing for ``timeout``. One whose replies are still

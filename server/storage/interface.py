@@ -35,10 +35,11 @@ class Snapshot:
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
     keys: OrderedDict[str, tuple[int, bool, int]]
     ledger_rows: int
-    last_event_ns: int  # the latest event in any user's history
+    last_event_ns: int  # the latest event in any user's history, or the change feed
     next_block: int  # the first seq that no block of ledger_users lists yet
     users_tail: list[int]  # the users of the rows from there on, in seq order
     board: BoardRows
+    last_event_id: int  # the change feed's: the last id given
 
 
 class Storage(Protocol):

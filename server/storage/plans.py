@@ -19,7 +19,7 @@ from tidal.server.core.batch import Batch
 from tidal.server.core.restore import BoardRows, from_row
 from tidal.server.core.sums import aggregate_rows, bucket_rows
 
-from . import buckets
+from . import buckets, events
 from . import past as storage_past
 from .interface import Snapshot
 from .sqlbulk import (
@@ -123,6 +123,7 @@ def load(
     )
     keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
     ((last_event,),) = yield Rows("SELECT MAX(at_ns) FROM history")  # at_ns only grows
+    last_event_id, last_feed_ns = yield from events.last(int(meta.get("last_event_id", 0)))
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
     rows = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
     next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
@@ -136,10 +137,11 @@ def load(
         tail,
         keys,
         rows,
-        last_event or 0,
+        max(last_event or 0, last_feed_ns),
         next_block,
         users_tail,
         board,
+        last_event_id,
     )
 
 
@@ -218,15 +220,23 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     """The batch's reads, then its writes in one transaction. True if one was committed.
 
     Reads come first: ``history`` and ``left_users`` lay over what they read the writes
-    their batch carries (see ``past``). A batch that changes nothing costs no transaction.
+    their batch carries (see ``past``), and a replay reads what committed before them. A
+    batch that changes nothing costs no transaction.
     """
+    for page in batch.feed_reads:
+        yield from events.read(page)
     for read in batch.reads:
         if isinstance(read, past.HistoryRead):
             args = (to_db(read.user_id), read.after_ns, read.limit)
             read.rows = yield Rows(storage_past.SELECT_HISTORY, args)
         else:
             read.rows = yield from storage_past.left_users(read.after, read.wanted())
-    if not batch.writes and batch.board_changed is None and batch.retire is None:
+    if (
+        not batch.writes
+        and batch.board_changed is None
+        and batch.retire is None
+        and batch.retire_events is None
+    ):
         if batch.reach:  # a health check: proof the database answers
             yield Rows("SELECT 1")
         return False
@@ -265,6 +275,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     if batch.history:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
+    yield from events.write(batch)
     yield Commit(batch_id)
     return True
 

@@ -18,7 +18,7 @@ from tidal.server.errors import DatabaseUnusable
 log = logging.getLogger("tidal.storage")
 
 #: Each entry takes the schema from version i to i + 1. Version 1 is SQLite's version 4,
-#: version 2 its version 5, version 3 its version 6.
+#: version 2 its version 5, and so on.
 MIGRATIONS: Final[list[list[str]]] = [
     [
         """CREATE TABLE ledger (
@@ -107,6 +107,16 @@ MIGRATIONS: Final[list[list[str]]] = [
             part INTEGER NOT NULL,
             entries BYTEA NOT NULL,
             PRIMARY KEY (tier, bucket, part)
+        )""",
+    ],
+    [
+        # SQLite's version 8: the change feed (core/feed.py). Its ids are given by the one
+        # writer, in commit order, not by a sequence (whose values commit out of order)
+        """CREATE TABLE events (
+            id BIGINT PRIMARY KEY,
+            at_ns BIGINT NOT NULL,
+            kind SMALLINT NOT NULL,
+            data BYTEA NOT NULL
         )""",
     ],
 ]

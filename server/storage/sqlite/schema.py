@@ -143,6 +143,16 @@ MIGRATIONS: Final[list[list[str]]] = [
             PRIMARY KEY (tier, bucket, part)
         )""",
     ],
+    [
+        # the change feed (core/feed.py): each leave, rejoin, purge, erase and cohort
+        # change, written with it; ids increase by 1 per event, times with them
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY,
+            at_ns INTEGER NOT NULL,
+            kind INTEGER NOT NULL,  -- 1 leave, 2 rejoin, 3 purge, 4 erase, 5 define, 6 drop
+            data BLOB NOT NULL  -- the event as pushed: a msgpack map
+        )""",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
