@@ -1,0 +1,99 @@
+"""The change feed's cost to writers: leaves with no subscriber, then with 100 connected,
+side by side on one server, rounds alternating, driven by ``tidal bench``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+import msgpack
+import uvloop
+
+from bench.systems import tidal_bench, tidal_server
+from tidal.client import SyncClient
+
+SUBSCRIBERS = 100
+ROUNDS = 5
+
+
+class _Subscriber(asyncio.Protocol):
+    """Subscribes, then reads what comes as fast as it comes (counting bytes only, so that
+    this machine's two cores go to the server, not to decoding here)."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.lost = False  # the server closed it: it lagged
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        cast(asyncio.Transport, transport).write(msgpack.packb([0, 1, "subscribe", []]))
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+
+
+@contextmanager
+def subscribers(port: int, count: int) -> Iterator[list[_Subscriber]]:
+    """``count`` subscribers on a loop of their own (a thread), for as long as the block."""
+    loop = uvloop.new_event_loop()  # the lighter loop: this machine's cores go to the server
+    ready = threading.Event()
+    subs: list[_Subscriber] = []
+    transports: list[asyncio.BaseTransport] = []
+
+    async def connect() -> None:
+        for _ in range(count):
+            transport, sub = await loop.create_connection(_Subscriber, "127.0.0.1", port)
+            subs.append(sub)
+            transports.append(transport)
+        ready.set()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(connect(), loop).result(60)
+    ready.wait(60)
+    try:
+        yield subs
+    finally:
+
+        def close() -> None:
+            for transport in transports:
+                transport.close()
+            loop.call_soon(loop.stop)  # after the closes it schedules
+
+        loop.call_soon_threadsafe(close)
+        thread.join(60)
+        loop.close()
+
+
+def feed_figures(scale: float) -> dict[str, Any]:
+    """Leaves and rejoins (``--workload leave``) from one client, one at a time, with no
+    subscriber and with 100 reading every event; five rounds of each, alternating, on one
+    server. Each event costs the server a socket write per subscriber (a loopback send: 5-7 µs
+    of CPU here, whatever writes it), so a load of nothing but leaves from many clients, which
+    saturates this machine's two cores, slows by that much: this measures one leave's wait."""
+    n = max(2_000, int(10_000 * scale))
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "subscribed": []}
+    with tidal_server("full") as srv:
+        for _ in range(ROUNDS):
+            runs["none"].append(tidal_bench(srv, 1, 1, n, workload="leave"))
+            with subscribers(srv.port, SUBSCRIBERS) as subs:
+                runs["subscribed"].append(tidal_bench(srv, 1, 1, n, workload="leave"))
+                with SyncClient("127.0.0.1", srv.port) as c:
+                    assert c.stats()["subscribers"] >= SUBSCRIBERS
+                # every one kept up: none was closed for lagging
+                assert not any(s.lost for s in subs)
+    ratios = [
+        s["p99_ms"] / o["p99_ms"] for s, o in zip(runs["subscribed"], runs["none"], strict=True)
+    ]
+    out: dict[str, Any] = {"requests": n, "subscribers": SUBSCRIBERS, "runs": runs}
+    for name, rs in runs.items():
+        out[name] = sorted(rs, key=lambda r: r["p99_ms"])[len(rs) // 2]
+    out["p99_ratio"] = sorted(ratios)[len(ratios) // 2]
+    out["p99_ratio_range"] = [min(ratios), max(ratios)]
+    return out
