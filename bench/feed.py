@@ -41,7 +41,8 @@ class _Subscriber(asyncio.Protocol):
 @contextmanager
 def subscribers(port: int, count: int) -> Iterator[list[_Subscriber]]:
     """``count`` subscribers on a loop of their own (a thread), for as long as the block."""
-    loop = uvloop.new_event_loop()  # the lighter loop: this machine's cores go to the server
+    # the lighter loop: this machine's cores go to the server
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     ready = threading.Event()
     subs: list[_Subscriber] = []
     transports: list[asyncio.BaseTransport] = []

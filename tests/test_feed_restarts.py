@@ -8,13 +8,16 @@ import json
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from tidal.client import Client, FeedEvent, FeedGap, SyncClient, Unavailable
 from tidal.server import Config, Server
+from tidal.testing.postgres import Cluster
 
 from .conftest import Database, ServerProcess, tmpfs
 from .rawrpc import RawPeer
@@ -144,8 +147,6 @@ class Clock:
         self.offset = 0
 
     def __call__(self) -> int:
-        import time
-
         return time.time_ns() + self.offset
 
 
@@ -286,3 +287,62 @@ async def test_tidal_watch_prints_each_event_as_it_happens(process: ServerProces
         )  # fmt: skip
         _, err = await gone.communicate()
         assert gone.returncode == 2 and b"--events: unknown signal" in err, err
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_replay_goes_on_across_the_database_stopped_and_started(
+    pg_cluster: Cluster, database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages read while the database is away fail with their commits; the replay waits, and
+    goes on from where it was once the database is back: every event, once, in order."""
+    monkeypatch.setattr("tidal.server.core.feed.PAGE", 2)
+    server = Server(Config(port=0, db=database.target, feed_heartbeat=0.1))
+    await server.start()
+    big = {"a": [f"{i:03}" + "x" * 240 for i in range(250)]}  # about 62 KiB an event
+    try:
+        async with await Client.connect(*server.address) as c:
+            for i in range(75):  # 150 events, over 4.5 MiB: more than the socket buffers hold
+                await c.define_cohort(f"c{i}", big)
+                await c.drop_cohort(f"c{i}")
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect(server.address)
+        reader.sendall(msgpack.packb([0, 1, "subscribe", [{"from": 0}]]))
+        unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+        ids: list[int] = []
+
+        def read(until: int | None, timeout: float) -> None:
+            """Up to ``until`` events in ``timeout``; with None, what comes until no event
+            has come for ``timeout`` (heartbeats come meanwhile)."""
+            reader.settimeout(0.2)
+            last = time.monotonic()
+            while until is None or len(ids) < until:
+                if time.monotonic() - last > timeout:
+                    assert until is None, f"{len(ids)} events after {timeout} s, not {until}"
+                    return
+                try:
+                    data = reader.recv(1 << 20)
+                except TimeoutError:
+                    continue
+                assert data, "the server closed the subscriber"
+                unpacker.feed(data)
+                for message in unpacker:
+                    if message[:2] == [2, "event"]:
+                        ids.append(message[2][0]["id"])
+                        if until is None:
+                            last = time.monotonic()
+                    else:
+                        assert message[0] == 1 or message[1] == "heartbeat", message
+
+        await asyncio.to_thread(read, 1, 10)  # the replay has begun, and waits for the reader
+        await asyncio.to_thread(pg_cluster.stop, "immediate")
+        try:
+            await asyncio.to_thread(read, None, 2.0)  # what was sent; no page comes meanwhile
+            assert len(ids) < 150, "the replay ended before the database stopped: proves nothing"
+        finally:
+            await asyncio.to_thread(pg_cluster.start)
+        await asyncio.to_thread(read, 150, 30)
+        reader.close()
+        assert ids == list(range(1, 151))
+    finally:
+        await server.shutdown()
