@@ -129,3 +129,32 @@ def past_figures(scale: float = 1.0) -> dict[str, Any]:
 
 if __name__ == "__main__":
     print(json.dumps(past_figures(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0), indent=1))
+
+
+def past_report(past: dict[str, Any] | None) -> list[str]:
+    if not past:
+        return []
+    alone, during = past["signals_alone"], past["signals_during"]
+    return [
+        "",
+        "## Purge and erase",
+        "",
+        f"Ten purges, then ten erasures, of users with {past['user_rows']:,} rows each in a"
+        f" {past['ledger_rows']:,}-row ledger, one after another, under a 16x16 signal load"
+        " (`bench/past.py`); the writer's time is what tidal logs for each.",
+        "",
+        "| | writer ms (median, max) | reply ms (median) |",
+        "|---|---:|---:|",
+        *(
+            f"| {m} | {past[m]['writer_ms_median']:.0f}, {past[m]['writer_ms_max']:.0f}"
+            f" | {past[m]['reply_ms_median']:.0f} |"
+            for m in ("purge", "erase")
+        ),
+        "",
+        "| other clients' signals, 16x16 | signals/s | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|",
+        f"| alone | {alone['signals_per_s']:,.0f} | {alone['p50_ms']:.2f}"
+        f" | {alone['p99_ms']:.2f} |",
+        f"| while purging and erasing | {during['signals_per_s']:,.0f} | {during['p50_ms']:.2f}"
+        f" | {during['p99_ms']:.2f} |",
+    ]

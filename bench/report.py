@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.feed import feed_report
+from bench.past import past_report
 from bench.scenarios import SHAPES
 from bench.systems import PG
 
@@ -260,63 +262,6 @@ def report(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def past_report(past: dict[str, Any] | None) -> list[str]:
-    if not past:
-        return []
-    alone, during = past["signals_alone"], past["signals_during"]
-    return [
-        "",
-        "## Purge and erase",
-        "",
-        f"Ten purges, then ten erasures, of users with {past['user_rows']:,} rows each in a"
-        f" {past['ledger_rows']:,}-row ledger, one after another, under a 16x16 signal load"
-        " (`bench/past.py`); the writer's time is what tidal logs for each.",
-        "",
-        "| | writer ms (median, max) | reply ms (median) |",
-        "|---|---:|---:|",
-        *(
-            f"| {m} | {past[m]['writer_ms_median']:.0f}, {past[m]['writer_ms_max']:.0f}"
-            f" | {past[m]['reply_ms_median']:.0f} |"
-            for m in ("purge", "erase")
-        ),
-        "",
-        "| other clients' signals, 16x16 | signals/s | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|",
-        f"| alone | {alone['signals_per_s']:,.0f} | {alone['p50_ms']:.2f}"
-        f" | {alone['p99_ms']:.2f} |",
-        f"| while purging and erasing | {during['signals_per_s']:,.0f} | {during['p50_ms']:.2f}"
-        f" | {during['p99_ms']:.2f} |",
-    ]
-
-
-def feed_report(feed: dict[str, Any] | None) -> list[str]:
-    if not feed:
-        return []
-    many = f"{feed['subscribers']} subscribers"
-    none, subscribed = feed["none"], feed["subscribed"]
-    per_sub = (subscribed["server_cpu_us"] - none["server_cpu_us"]) / feed["subscribers"]
-    rows = [("no subscriber", none), (many, subscribed)]
-    return [
-        "",
-        "## The change feed",
-        "",
-        f"{feed['requests']:,} leaves and rejoins (`--workload leave`, one client, one at a time)"
-        f" on one server, with no subscriber, then with {feed['subscribers']} connected and"
-        " reading every event (`bench/feed.py`), rounds alternating; the median round of each."
-        f" Each subscriber cost the server {per_sub:.1f} µs of CPU per request: one socket write"
-        " per event, before the ack (a loopback send costs 5-7 µs on this machine, whoever makes"
-        " it), and the wait for those writes is most of what a leave's p50 gains.",
-        "",
-        "| | requests/s | p50 ms | p99 ms | server CPU µs/request |",
-        "|---|---:|---:|---:|---:|",
-        *(
-            f"| {name} | {r['requests_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f}"
-            f" | {r['server_cpu_us']:.0f} |"
-            for name, r in rows
-        ),
-    ]
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
@@ -24,7 +25,7 @@ from .errors import (
 from .feed import Cursor
 from .requests import Call
 from .subscription import DEAD_AFTER, Subscription
-from .transport import ClientProtocol, close_transport, request
+from .transport import ClientProtocol, open_connection, request
 from .types import (
     Counts,
     Event,
@@ -98,24 +99,7 @@ class Client:
         times a call tries to reconnect (0.05 s apart, doubling) before ``ConnectionLost``.
         """
 
-        async def dial() -> ClientProtocol:
-            loop = asyncio.get_running_loop()
-            try:
-                _, protocol = await asyncio.wait_for(
-                    loop.create_connection(ClientProtocol, host, port, ssl=ssl), timeout
-                )
-            except TimeoutError:
-                raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
-            except OSError as exc:
-                raise ConnectFailed(f"could not connect to {host}:{port}: {exc}") from exc
-            if token is not None:
-                try:
-                    await request(protocol, "auth", [token], timeout)
-                except BaseException:
-                    close_transport(protocol)
-                    raise
-            return protocol
-
+        dial = functools.partial(open_connection, host, port, timeout, token, ssl)
         return cls(await dial(), dial, timeout, auto_keys, reconnect)
 
     async def __aenter__(self) -> Client:

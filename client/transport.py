@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_module
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -19,7 +20,14 @@ from tidal.protocol import (
     Response,
 )
 
-from .errors import CallTimeout, ConnectionLost, closed_by_server, from_wire, unsendable
+from .errors import (
+    CallTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    closed_by_server,
+    from_wire,
+    unsendable,
+)
 
 log = logging.getLogger("tidal.client")
 
@@ -110,6 +118,33 @@ async def request(
     except TimeoutError:
         protocol.pending.pop(msgid, None)
         raise CallTimeout(f"{method}: no reply in {timeout}s") from None
+
+
+async def open_connection(
+    host: str,
+    port: int,
+    timeout: float | None,
+    token: str | None,
+    ssl: ssl_module.SSLContext | None,
+) -> ClientProtocol:
+    """A new connection, authenticated when there is a token: each client's first, every
+    reconnect, and each change feed subscription's."""
+    loop = asyncio.get_running_loop()
+    try:
+        _, protocol = await asyncio.wait_for(
+            loop.create_connection(ClientProtocol, host, port, ssl=ssl), timeout
+        )
+    except TimeoutError:
+        raise CallTimeout(f"could not connect to {host}:{port} in {timeout}s") from None
+    except OSError as exc:
+        raise ConnectFailed(f"could not connect to {host}:{port}: {exc}") from exc
+    if token is not None:
+        try:
+            await request(protocol, "auth", [token], timeout)
+        except BaseException:
+            close_transport(protocol)
+            raise
+    return protocol
 
 
 def close_transport(protocol: ClientProtocol) -> None:

@@ -24,7 +24,6 @@ from typing import Any, Final
 import msgpack
 
 from tidal.protocol import ErrorCode, notification_head
-from tidal.protocol.limits import FEED_MAX_QUEUED_BYTES, FEED_MAX_QUEUED_EVENTS
 from tidal.server.core import feed, params
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change, FeedRead
@@ -32,61 +31,16 @@ from tidal.server.core.replies import Replier
 from tidal.server.errors import InvalidParams
 
 from .committer import Committer
+from .subscriber import Subscription
 
 log = logging.getLogger("tidal.feed")
 
 EVENT: Final = notification_head("event")
 _HEARTBEAT: Final = notification_head("heartbeat")
 _LAGGING: Final = notification_head("lagging")
-_ERROR: Final = notification_head("error")
 #: between retention passes once caught up: a tenth of the retention, within these bounds
 PASS_MIN_SECONDS: Final = 1.0
 PASS_MAX_SECONDS: Final = 60.0
-
-
-class Subscription:
-    """One connection's subscription: where it is in the feed, and what it takes."""
-
-    __slots__ = (
-        "conn", "feed", "kinds", "last_sent", "live", "msgid", "position", "queued", "waiting",
-    )  # fmt: skip
-
-    def __init__(
-        self, feed: Feed, conn: Replier, kinds: frozenset[int] | None, position: int
-    ) -> None:
-        self.feed = feed
-        self.conn = conn
-        self.kinds = kinds  # None: every event
-        self.position = position  # every event up to this id is sent, or filtered out
-        self.last_sent = position  # the last event written to it (``lagging`` says)
-        self.live = False  # caught up: pushed each batch's events as it commits
-        #: the ``subscribe`` still unanswered: its reply waits for the first page
-        self.msgid: int | None = None
-        self.queued = 0  # events written since its transport last had room
-        self.waiting = False  # the next page waits for its transport to drain
-
-    def send(self, data: bytes, events: int, last: int) -> None:
-        """Events, written at once. Judged before this write: what was just made is no
-        slow reader, while what is still unsent from before, past the bound, is."""
-        conn = self.conn
-        if self.queued > FEED_MAX_QUEUED_EVENTS or conn.unsent() > FEED_MAX_QUEUED_BYTES:
-            self.feed.lagging(self)
-            return
-        conn.push(data)
-        self.last_sent = last
-        self.feed.sent += events
-        self.queued = self.queued + events if conn.blocked() else 0
-
-    # -- the Listener its connection tells --------------------------------
-
-    def writable(self) -> None:
-        self.queued = 0
-        if self.waiting:
-            self.waiting = False
-            self.feed.read_on(self)
-
-    def lost(self) -> None:
-        self.feed.drop(self)
 
 
 class Feed:
@@ -141,7 +95,7 @@ class Feed:
         if after is not None and after > self.last_id:
             raise InvalidParams(f"options.from: {after} is past the last event id, {self.last_id}")
         kinds = None if names is None else frozenset(feed.KINDS[name] for name in names)
-        sub = Subscription(self, conn, kinds, self.last_id if after is None else after)
+        sub = Subscription(conn, kinds, self.last_id if after is None else after, self)
         self._subs[conn] = sub
         conn.listener = sub
         if sub.position == self.last_id:  # nothing to replay: live from now
@@ -267,7 +221,7 @@ class Feed:
             sub.conn.flush()
         else:  # retention keeps what a replay needs: never expected
             log.error("replay for %s: %s", sub.conn, message)
-            sub.conn.end(_ERROR + msgpack.packb([int(ErrorCode.INVALID_PARAMS), message]))
+            sub.conn.end(msgpack.packb([2, "error", [int(ErrorCode.INVALID_PARAMS), message]]))
 
     def _push(self, changes: list[Change]) -> None:
         live = [sub for sub in self._subs.values() if sub.live]
@@ -279,11 +233,12 @@ class Feed:
         for sub in live:
             kinds = sub.kinds
             if kinds is None:
-                sub.send(everything, len(notes), last)
+                self.sent += sub.send(everything, len(notes), last)
             else:
                 mine = [i for i, c in enumerate(changes) if c.kind in kinds]
                 if mine:
-                    sub.send(b"".join(notes[i] for i in mine), len(mine), changes[mine[-1]].id)
+                    data = b"".join(notes[i] for i in mine)
+                    self.sent += sub.send(data, len(mine), changes[mine[-1]].id)
             sub.position = last
 
     def lagging(self, sub: Subscription) -> None:
@@ -313,7 +268,7 @@ class Feed:
         for sub in list(self._subs.values()):
             if sub.msgid is not None:
                 continue
-            if sub.conn.unsent() > FEED_MAX_QUEUED_BYTES:
+            if sub.behind():
                 self.lagging(sub)
                 continue
             sub.conn.push(beat)
