@@ -58,14 +58,21 @@ def can_compile() -> bool:
 
 
 def compiled_modules() -> list[Any]:
+    """The compiled modules, or none (pure Python). With TIDAL_COMPILE=required (the image's
+    build stage), a build that cannot compile fails rather than ship pure Python unseen."""
+    required = os.environ.get("TIDAL_COMPILE") == "required"
     if os.environ.get("TIDAL_PURE"):
         return []
     if not can_compile():
+        if required:
+            sys.exit("tidal: TIDAL_COMPILE=required, but no C compiler and Python headers here")
         print("tidal: cannot compile C extensions here: installing pure Python", file=sys.stderr)
         return []
     try:
         from mypyc.build import mypycify
     except ImportError:
+        if required:
+            sys.exit("tidal: TIDAL_COMPILE=required, but mypyc is not available")
         print("tidal: mypyc is not available: installing pure Python", file=sys.stderr)
         return []
     tree = ROOT / "build" / "mypyc-src"

@@ -14,7 +14,7 @@ from dataclasses import fields
 from typing import Any
 
 from tidal.server.config import Config
-from tidal.server.version import VERSION
+from tidal.server.version import VERSION, build
 
 from . import commands, watch
 from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
@@ -25,7 +25,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     parser = argparse.ArgumentParser(
         prog="tidal", description="tidal: a signal server with an instant, durable leave switch."
     )
-    parser.add_argument("--version", action="version", version=f"tidal {VERSION}")
+    parser.add_argument("--version", action="version", version=f"tidal {VERSION} ({build()})")
     commands = parser.add_subparsers(dest="command", required=True)
     settings = Settings()
 

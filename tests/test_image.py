@@ -148,11 +148,25 @@ async def test_the_image_serves_with_a_token_and_keeps_a_leave_across_containers
     try:
         await second.ready()
         async with await second.connect() as c:
+            assert (await c.stats())["compiled"] is True  # the image's hot path is mypyc's
             assert (await c.status(7)).status == "left"
             assert (await c.counts("song")).ledger["view"].count == len(acks)
             assert (await c.signal(7, "song", "view")).seq == acks[-1].seq + 1
     finally:
         second.remove()
+
+
+def test_the_image_runs_compiled_and_its_runtime_has_no_compiler(image: str) -> None:
+    """The build stage compiles the hot modules (TIDAL_COMPILE=required fails it if it
+    cannot); the runtime stage gets the wheel and stays without a compiler."""
+    done = podman("run", "--rm", *LIMITS, image, "--version", timeout=60)
+    assert done.stdout.strip().endswith("(compiled)"), done.stdout
+    probe = "import shutil, sys; sys.exit(shutil.which('gcc') is not None)"
+    done = podman(
+        "run", "--rm", *LIMITS, "--entrypoint", "python", image, "-c", probe,
+        check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, "the runtime stage has a C compiler"
 
 
 def test_the_image_refuses_to_listen_beyond_loopback_without_a_token(image: str) -> None:

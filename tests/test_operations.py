@@ -233,9 +233,12 @@ async def test_tidal_call_sends_what_was_typed(process: ServerProcess) -> None:
     assert done.returncode == 1 and "entity: must be a string, got int" in done.stderr
 
 
-def test_tidal_version_is_the_installed_one() -> None:
+def test_tidal_version_is_the_installed_one_and_says_how_it_was_built() -> None:
+    import tidal.server.core.tallies as hot
+
+    built = "pure Python" if hot.__file__.endswith(".py") else "compiled"  # mypyc's: a .so
     done = tidal("--version")
-    assert done.returncode == 0 and done.stdout.strip() == f"tidal {version('tidal')}"
+    assert done.returncode == 0 and done.stdout.strip() == f"tidal {version('tidal')} ({built})"
 
 
 async def test_the_token_from_a_file_for_the_server_and_the_tools(

@@ -26,7 +26,7 @@ from tidal.protocol.limits import (
 from tidal.server.core import params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
-from tidal.server.version import VERSION
+from tidal.server.version import VERSION, compiled
 
 from .health import HealthCheck, report
 from .ranked import Ranked
@@ -113,6 +113,7 @@ class Reads:
         signals = self._engine.signals
         stats = {
             "version": VERSION,
+            "compiled": compiled(),
             "uptime_s": round(time.monotonic() - self._started, 3),
             "connections": self._engine.connections(),
             "signals": signals,
