@@ -6,11 +6,13 @@ FROM ${PYTHON_IMAGE} AS build
 # A C compiler and Python's headers, in this stage only: setup.py compiles the hot modules
 # with mypyc (20-30% less CPU per signal), and the build fails rather than fall back to pure
 # Python. python:3.11-slim has the headers; Debian's python3 (deploy/base-image.sh) needs
-# python3-dev. The runtime stage below gets the wheel, no compiler.
+# python3-dev. The runtime stage below gets the wheel, no compiler. Versions are not pinned:
+# this stage is thrown away, and a pin would break as Debian's point releases move on.
+# hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
     && if ! python -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then \
-         apt-get install -y --no-install-recommends python3-dev; fi \
+         DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-dev; fi \
     && rm -rf /var/lib/apt/lists/*
 ENV TIDAL_COMPILE=required
 WORKDIR /src
