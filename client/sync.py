@@ -7,6 +7,7 @@ threads, at the price of no pipelining: use the asyncio client for that).
 
 from __future__ import annotations
 
+import functools
 import ssl as ssl_module
 import threading
 import time
@@ -58,8 +59,8 @@ class SyncClient:
         self._auto_keys = auto_keys
         self._reconnect_attempts = reconnect
         self._lock = threading.Lock()
-        self._link = Link(host, port, timeout, token, ssl)
-        self._new_link = lambda: Link(host, port, timeout, token, ssl)
+        self._new_link = functools.partial(Link, host, port, timeout, token, ssl)
+        self._link = self._new_link()
         self._closed = False
         with self._lock:
             self._link.dial()

@@ -74,4 +74,3 @@ class FeedRead:
     after: int
     rows: list[tuple[int, int, bytes]] = field(default_factory=list)  # id, kind, data
     oldest: int | None = None  # the oldest event kept, None if none is
-    done: bool = False  # the writer has read it

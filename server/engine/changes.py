@@ -39,13 +39,11 @@ class Changes:
         assert at is not None  # a leave has its time
         self._event(batch, user_id, LEAVE, at)
         change = Change(feed.LEAVE, at, user_id, at)
+        batch.changes.append(change)
         if purge:  # in the same batch: committed together, or refused together
-            withdrawal = self._withdraw(batch, user_id, erase=False)
-            change.withdrawal = withdrawal
-            batch.changes.append(change)
-            self._e.committer.ack(conn, msgid, Outcome(withdrawal, membership))
+            change.withdrawal = self._withdraw(batch, user_id, erase=False)
+            self._e.committer.ack(conn, msgid, Outcome(change.withdrawal, membership))
         else:
-            batch.changes.append(change)
             self._e.committer.ack(conn, msgid, membership.wire())
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:

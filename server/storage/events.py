@@ -26,7 +26,6 @@ def read(page: FeedRead) -> Plan[None]:
     """Before the batch's writes: what committed before it."""
     page.rows = yield Rows(_PAGE, (page.after, feed.PAGE))
     ((page.oldest,),) = yield Rows("SELECT MIN(id) FROM events")
-    page.done = True
 
 
 def write(batch: Batch) -> Plan[None]:
