@@ -3,10 +3,11 @@ one request at a time on it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl as ssl_module
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tidal.protocol import (
@@ -119,16 +120,13 @@ class Link:
             request = self.conn.send(Request(msgid, method, params))
         except LocalProtocolError as exc:
             raise unsendable(exc) from None
-        try:
+        with self._failing(f"{method}: no reply in {timeout}s"):
             sock.settimeout(timeout)
             sock.sendall(request)
             while True:
                 event = self.conn.next_event()
                 if event is NEED_DATA:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionLost("connection lost: closed by the server")
-                    self.conn.receive_data(data)
+                    self._read(sock)
                 elif type(event) is Response and event.msgid == msgid:
                     break
                 elif type(event) is Notification and event.method == "error":
@@ -137,15 +135,6 @@ class Link:
                     raise lost
                 elif type(event) is Notification and notified is not None:
                     notified(event)
-        except TimeoutError:
-            self.drop()
-            raise CallTimeout(f"{method}: no reply in {timeout}s") from None
-        except ConnectionLost:
-            self.drop()
-            raise
-        except (OSError, RemoteProtocolError) as exc:
-            self.drop()
-            raise ConnectionLost(f"connection lost: {exc}") from exc
         if event.error is not None:
             raise from_wire(event.error)
         return event.result
@@ -156,27 +145,37 @@ class Link:
         sock = self.sock
         assert sock is not None
         notes: list[Notification] = []
-        try:
+        with self._failing(f"nothing from the server in {timeout}s"):
             sock.settimeout(timeout)
             while not notes:
                 event = self.conn.next_event()
                 if event is NEED_DATA:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionLost("connection lost: closed by the server")
-                    self.conn.receive_data(data)
+                    self._read(sock)
                 elif type(event) is Notification:
                     notes.append(event)
             while (event := self.conn.next_event()) is not NEED_DATA:
                 if type(event) is Notification:
                     notes.append(event)
+        return notes
+
+    def _read(self, sock: socket.socket) -> None:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionLost("connection lost: closed by the server")
+        self.conn.receive_data(data)
+
+    @contextlib.contextmanager
+    def _failing(self, timed_out: str) -> Iterator[None]:
+        """Any doubt about the stream drops the connection, and says why as the client's
+        errors do: ``CallTimeout`` (``timed_out``) or ``ConnectionLost``."""
+        try:
+            yield
         except TimeoutError:
             self.drop()
-            raise CallTimeout(f"nothing from the server in {timeout}s") from None
+            raise CallTimeout(timed_out) from None
         except ConnectionLost:
             self.drop()
             raise
         except (OSError, RemoteProtocolError) as exc:
             self.drop()
             raise ConnectionLost(f"connection lost: {exc}") from exc
-        return notes

@@ -10,9 +10,11 @@ an error, never a silent skip.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from tidal.protocol import Notification
 from tidal.protocol.limits import FEED_EVENTS
 
 from .errors import ConnectionLost, FeedGap, InvalidArgument, InvalidParams, closed_by_server
@@ -77,3 +79,14 @@ class Cursor:
         if method == "error":
             raise closed_by_server(params)
         return None  # a heartbeat: the link is alive
+
+    def next_in(self, inbox: deque[Notification]) -> FeedEvent | None:
+        """The next event to yield from what has arrived, or None once nothing is left
+        but heartbeats and repeats; raises as ``take`` does (the rest is not wanted: the
+        subscription resumes after the last id yielded)."""
+        while inbox:
+            note = inbox.popleft()
+            event = self.take(note.method, note.params)
+            if event is not None:
+                return event
+        return None

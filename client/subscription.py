@@ -59,14 +59,12 @@ class Subscription:
 
     async def __anext__(self) -> FeedEvent:
         while True:
-            while self._inbox:
-                note = self._inbox.popleft()
-                try:
-                    event = self._cursor.take(note.method, note.params)
-                except ConnectionLost as exc:  # lagging, or closed: resume where we are
-                    log.info("change feed: %s; resuming after event %s", exc, self.last_id)
-                    self._drop()
-                    break
+            try:
+                event = self._cursor.next_in(self._inbox)
+            except ConnectionLost as exc:  # lagging, or closed: resume where we are
+                log.info("change feed: %s; resuming after event %s", exc, self.last_id)
+                self._drop()
+            else:
                 if event is not None:
                     return event
             if self._closed:
