@@ -179,6 +179,7 @@ class Server:
             ledger_retention=config.ledger_retention,
             event_retention=config.event_retention,
             heartbeat=config.feed_heartbeat,
+            rewrite_chunk=config.rewrite_chunk,
         )
         _settle_gc()
         done = time.perf_counter()

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_PREDICATE_BYTES, MIN_MESSAGE_SIZE
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
+from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.windows import parse_half_life
 
 from .errors import BadSettings
@@ -125,6 +126,11 @@ class Config:
     feed_heartbeat: float = _setting(
         5.0, "seconds between heartbeats to each change feed subscriber"
     )
+    rewrite_chunk: int = _setting(
+        REWRITE_CHUNK,
+        "rows of a purged or erased user rewritten per commit, once the purge or erase has"
+        " taken effect: fewer hold each commit less, and take more commits",
+    )
     trend_half_lives: str = _setting(
         "6h",
         "the half-lives top may rank trends by, comma-separated (30m, 6h, 1d); each"
@@ -164,6 +170,7 @@ class Config:
             (self.ledger_retention >= 0, "ledger_retention: 0 (keep every row) or more"),
             (self.event_retention >= 0, "event_retention: 0 (keep every event) or more"),
             (self.feed_heartbeat > 0, "feed_heartbeat: more than 0 seconds"),
+            (1 <= self.rewrite_chunk <= 100_000, "rewrite_chunk: 1 to 100000 rows"),
         ]
         try:
             self.half_lives()

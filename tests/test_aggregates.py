@@ -21,7 +21,7 @@ pytestmark = pytest.mark.both_backends
 WATERMARK = "SELECT value FROM meta WHERE key = 'aggregates_seq'"
 
 
-LEDGER_ROWS = "SELECT entity, kind, weight, forwarded, context FROM ledger ORDER BY seq"
+LEDGER_ROWS = "SELECT entity, kind, weight, forwarded, context FROM ledger_counted ORDER BY seq"
 
 
 def recompute(rows: list[tuple[Any, ...]], cohort_names: dict[int, str]) -> dict[str, Any]:
@@ -205,7 +205,9 @@ async def test_the_ledger_keeps_what_every_signal_named(client: Client, database
     await client.leave(2)
     await client.signal(2, "e", "view", attrs={"plan": "free"}, communities=["c"])  # gated
     await client.signal(3, "e", "view")  # named nothing
-    rows = await database.rows("SELECT user_id, forwarded, context FROM ledger ORDER BY seq")
+    rows = await database.rows(
+        "SELECT user_id, forwarded, context FROM ledger_counted ORDER BY seq"
+    )
     contexts = [(u, f, msgpack.unpackb(c) if c else None) for u, f, c in rows]
     assert contexts == [
         (1, 1, [[], {"plan": "pro"}, []]),

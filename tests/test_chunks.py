@@ -191,7 +191,8 @@ async def test_a_board_in_the_row_tables_of_before_is_read_and_moved_to_chunks(
     assert int(meta["aggregates_seq"]) == 5, "the last checkpoint holds every row"
     decay = [(21600, int(meta["trend_base_21600"]))]
     ledger = await database.rows(
-        "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
+        "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns)"
+        " FROM ledger_counted"
     )
     contributions = [restore.from_row(row) for row in ledger]
     for row in aggregate_rows(contributions):

@@ -137,7 +137,7 @@ async def check(process: ServerProcess, book: Ledger, db: Database) -> list[str]
     return wrong
 
 
-RANKED_ROWS = "SELECT entity, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
+RANKED_ROWS = "SELECT entity, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger_counted"
 AGES = [None, None, 0, 30 * MIN_NS, 3 * HOUR_NS, 2 * DAY_NS, 10 * DAY_NS, 40 * DAY_NS]
 
 

@@ -122,7 +122,7 @@ async def test_each_change_is_one_event_and_signals_are_none(started: Server) ->
     ]
     assert got[0].left_at_ns == got[0].at_ns == leave.left_at_ns
     assert got[1].at_ns == purge.at_ns and got[1].purged == purge.signals
-    assert got[4].at_ns == erase.at_ns and got[4].left_at_ns == erase.at_ns  # erase leaves
+    assert got[4].at_ns == erase.at_ns and got[4].left_at_ns < erase.at_ns  # left as read
     assert got[5].left_at_ns == leave.left_at_ns  # a rejoin keeps when they left
     times = [e.at_ns for e in got]
     assert times == sorted(times) and len(set(times)) == len(times)
@@ -297,9 +297,11 @@ async def test_heartbeats_and_stats(database: Database) -> None:
         await peer.call("subscribe")
         async with await Client.connect(*srv.address) as c:
             await c.leave(1)
-            seen = [await peer.receive() for _ in range(3)]
-            assert seen[0][:2] == [2, "event"]
-            assert seen[1:] == [[2, "heartbeat", [{"last_id": 1}]]] * 2
+            while (first := await peer.receive())[1] == "heartbeat":  # a slow connect or leave
+                assert first == [2, "heartbeat", [{"last_id": 0}]], first
+            assert first[:2] == [2, "event"]
+            seen = [await peer.receive() for _ in range(2)]
+            assert seen == [[2, "heartbeat", [{"last_id": 1}]]] * 2
             stats = await c.stats()
             assert (stats["subscribers"], stats["last_event_id"]) == (1, 1)
             peer.send([0, 2, "unsubscribe", []])

@@ -317,7 +317,10 @@ class TidalMachine(RuleBasedStateMachine):
     @rule(user=USERS)
     def erase(self, user: int) -> None:
         got = self.run(self.c.erase(user))
-        assert got.signals == self.model.erase(user, got.at_ns)
+        # the user is Left from the instant the erase is read, before it takes effect (at_ns)
+        left_at = self.run(self.c.status(user)).left_at_ns
+        assert left_at is not None and left_at < got.at_ns
+        assert got.signals == self.model.erase(user, left_at)
 
     @rule(name=NAMES, predicate=PREDICATES)
     def define_cohort(self, name: str, predicate: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from .feed import Change, FeedRead
 from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
+from .rewrites import Rewrite
 from .tallies import Contribution
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class Batch:
     keys: dict[str, tuple[int, bool, int]] = field(default_factory=dict)
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order
+    rewrite: Rewrite | None = None  # a chunk of the rows of withdrawals before
     history: list[Event] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)  # the change feed's events, in order
     feed_reads: list[FeedRead] = field(default_factory=list)  # pages subscribers replay
@@ -65,7 +67,6 @@ class Batch:
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to
-    searched: int = 0  # ledger rows the withdrawals will search (see ``Committer.ack``)
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0
@@ -79,4 +80,5 @@ class Batch:
             or self.board_changed is not None
             or self.retire is not None
             or self.retire_events is not None
+            or self.rewrite is not None
         )

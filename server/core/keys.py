@@ -41,14 +41,21 @@ class Keys:
         batch.undo.append(_Erasing(self._erasing, user_id, self._erasing.get(user_id)))
         self._erasing[user_id] = before_seq
 
-    def erased(self, user_id: int, before_seq: int, keys: list[tuple[str, int]]) -> None:
-        """An erase committed: ``keys`` (with the seq each acknowledged) are gone from the
-        table; they go from memory too, unless a later signal has taken one since."""
+    def erasing_since(self, user_id: int, before_seq: int) -> None:
+        """At boot: an erase whose rows are not all deleted yet (``core.rewrites``)."""
+        self._erasing[user_id] = before_seq
+
+    def forget(self, keys: list[tuple[str, int]]) -> None:
+        """``keys`` (with the seq each acknowledged) are gone from the table, with the rows
+        an erase deleted; they go from memory too, unless a later signal has taken one."""
         for key, seq in keys:
             ack = self._keys.get(key)
             if ack is not None and ack[0] == seq:
                 del self._keys[key]
-        if self._erasing.get(user_id) == before_seq:
+
+    def erased(self, user_id: int, before_seq: int) -> None:
+        """The user's rows below ``before_seq`` are all deleted, and their keys with them."""
+        if self._erasing.get(user_id, before_seq + 1) <= before_seq:
             del self._erasing[user_id]
 
     def remember(self, batch: Batch, key: str, ack: Ack) -> None:

@@ -7,22 +7,27 @@ the row not forwarded, and an erase can withdraw everything a row added, its
 ledger layer too, and delete the row. Either way the aggregates stay what a
 recompute from the ledger, as it then stands, would give.
 
-The rows are on disk: what a purge withdraws is known only once the writer has
-read them, in the transaction that changes them. Nothing waits for that. A
-purge takes its place in the order requests are read, as every write does: it
-reaches the rows of the user read before it (``before_seq``), and a ``counts`` or
-``top`` read after it waits for its commit, when the board has taken off what it
-withdrew.
+The rows are on disk, across the whole ledger. A purge takes its place in the
+order requests are read: it reaches the rows of the user read before it
+(``before_seq``). A survey then reads them beside the writer, at one snapshot
+(``Survey``); the withdrawal takes effect in the next commit, where the writer
+adds the few rows the snapshot could not see, takes the sums off, and records
+the rule that the rows are then read through (``rewrites``); the rows themselves
+are rewritten over the commits after. A ``counts`` or ``top`` read after the purge
+waits for the commit where it takes effect (``engine.past``).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
 from . import ledger
 from .replies import Later
+from .rewrites import GONE, NO_RULE, Rule, reach
+from .sums import aggregate_rows, bucket_rows
 from .tallies import Contribution
 
 LEAVE, REJOIN, PURGE, ERASE = 1, 2, 3, 4
@@ -33,46 +38,90 @@ EVENTS: Final = {LEAVE: "leave", REJOIN: "rejoin", PURGE: "purge", ERASE: "erase
 PastRow: TypeAlias = tuple[int, str, str, float, int, bytes | None, int]
 
 
+def withdrawn(
+    rows: Iterable[PastRow], rule: Rule, erase: bool
+) -> tuple[list[int], list[Contribution]]:
+    """The seqs of ``rows`` (a user's, in seq order) that a withdrawal reaches, read
+    through the user's rule, and what each takes off: a purge, a forwarded row's cohorts
+    and communities; an erase, the whole row."""
+    seqs: list[int] = []
+    taken: list[Contribution] = []
+    reached: dict[bytes | None, tuple[list[str], list[int]]] = {}  # contexts repeat
+    for seq, entity, kind, weight, forwarded, context, at_ns in rows:
+        forwarded = reach(rule, seq, forwarded)
+        if forwarded == GONE or not (forwarded or erase):
+            continue
+        communities: Sequence[str] = ()
+        cohorts: Sequence[int] = ()
+        if forwarded:
+            known = reached.get(context)
+            if known is None:
+                names, _, ids = ledger.decode(context)
+                known = reached[context] = (names, ids)
+            communities, cohorts = known
+        amount = ledger.row_weight(weight)
+        taken.append((entity, kind, -1, -amount, at_ns, cohorts, communities, erase))
+        seqs.append(seq)
+    return seqs, taken
+
+
+@dataclass(slots=True)
+class Survey:
+    """A withdrawal's rows below ``through`` (those the blocks of ``ledger_users`` listed),
+    read at one snapshot beside the writer, with what they take off. ``table`` sums those
+    up to the snapshot's table watermark, the heavy part of the ``withdrawals`` record."""
+
+    through: int
+    watermark: int
+    seqs: list[int]
+    taken: list[Contribution]
+    table: tuple[list[Any], list[Any]]  # aggregates rows, bucket rows
+
+    @classmethod
+    def of(cls, through: int, watermark: int, seqs: list[int], taken: list[Contribution],
+           decay: Sequence[tuple[int, int]], now_ns: int) -> Survey:  # fmt: skip
+        old = taken[: bisect_right(seqs, watermark)]
+        return cls(
+            through, watermark, seqs, taken, (aggregate_rows(old), bucket_rows(old, decay, now_ns))
+        )
+
+
 @dataclass(slots=True, eq=False)
 class Withdrawal:
-    """One purge or erase of one user. The writer fills in what it withdrew, as the board
-    takes it off when the batch has committed: from rows up to the tables' watermark
-    (which its transaction also records, see ``storage.buckets``), and from the rest."""
+    """One purge or erase of one user. It reaches the user's rows below ``before_seq``: the
+    survey's, and those the writer finds past it (``add``) when it takes effect."""
 
     user_id: int
     before_seq: int  # the user's rows below this seq: those read before the request
     erase: bool
-    at_ns: int
+    at_ns: int = 0  # when it took effect: set as it joins its batch
+    rule: Rule = NO_RULE  # the user's, when surveyed (a later one waits for this one)
+    survey: Survey | None = None
     recent: list[int] = field(default_factory=list)  # the user's rows not yet in a block
     signals: int = 0  # rows withdrawn from (purge) or deleted (erase)
-    board_table: list[Contribution] = field(default_factory=list)
-    board_live: list[Contribution] = field(default_factory=list)
-    keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
+    seqs: list[int] = field(default_factory=list)  # ... their seqs, to rewrite
+    board: list[Contribution] = field(default_factory=list)  # off the board once committed
     seconds: float = 0.0  # the writer's time on it
 
     def __str__(self) -> str:
         done = "erased" if self.erase else "purged"
         return f"user {self.user_id}: {self.signals} signals {done} ({self.seconds * 1e3:.1f} ms)"
 
-    def take(self, rows: Iterable[PastRow], watermark: int) -> None:
-        """Withdraw ``rows`` (read by the writer); each counts as it was counted. The
-        tables hold the rows up to ``watermark``."""
-        reached: dict[bytes | None, tuple[list[str], list[int]]] = {}  # contexts repeat
-        erase = self.erase
-        for seq, entity, kind, weight, forwarded, context, at_ns in rows:
-            old = seq <= watermark
-            communities: Sequence[str] = ()
-            cohorts: Sequence[int] = ()
-            if forwarded:
-                known = reached.get(context)
-                if known is None:
-                    names, _, ids = ledger.decode(context)
-                    known = reached[context] = (names, ids)
-                communities, cohorts = known
-            weight = ledger.row_weight(weight)
-            taken = (entity, kind, -1, -weight, at_ns, cohorts, communities, erase)
-            (self.board_table if old else self.board_live).append(taken)
-            self.signals += 1
+    def add(self, rows: Iterable[PastRow], watermark: int, decay: Sequence[tuple[int, int]],
+            now_ns: int) -> tuple[list[Any], list[Any]]:  # fmt: skip
+        """The rows past the survey, read by the writer; returns what comes off the tables
+        (which hold the rows up to ``watermark``), to add to the survey's ``table``."""
+        survey = self.survey
+        assert survey is not None
+        seqs, taken = withdrawn(rows, self.rule, self.erase)
+        self.seqs = survey.seqs + seqs
+        self.board = survey.taken + taken
+        self.signals = len(self.seqs)
+        # rows past the survey's watermark and up to this one: summed here (few)
+        late = survey.taken[bisect_right(survey.seqs, survey.watermark) :
+                            bisect_right(survey.seqs, watermark)]  # fmt: skip
+        late += taken[: bisect_right(seqs, watermark)]
+        return aggregate_rows(late), bucket_rows(late, decay, now_ns)
 
 
 @dataclass(slots=True)

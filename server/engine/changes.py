@@ -3,8 +3,9 @@ rejoin, purge, erase, and defining or dropping a cohort.
 
 Each is applied at once, like a signal, and recorded in the open batch with a
 line of the user's history and an event of the change feed; its reply waits for
-the commit. A purge or erase reaches the user's rows read before it: the writer
-finds them (``core.past``).
+the commit. A purge or erase reaches the user's rows read before it; it is
+surveyed first, and joins a batch, with its line and event, once it has been
+(``engine.past``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from tidal.server.core.members import Membership
 from tidal.server.core.past import ERASE, LEAVE, PURGE, REJOIN, Event, Withdrawal
 from tidal.server.core.replies import Later, Replier
 
-from .committer import SEARCH_LEAST
 from .state import EngineState
 
 
@@ -37,14 +37,22 @@ class Changes:
         membership = self._e.members.leave(batch, user_id, self._event_ns())
         at = membership.left_at_ns
         assert at is not None  # a leave has its time
-        self._event(batch, user_id, LEAVE, at)
+        self._line(batch, user_id, LEAVE, at)
         change = Change(feed.LEAVE, at, user_id, at)
-        batch.changes.append(change)
-        if purge:  # in the same batch: committed together, or refused together
-            change.withdrawal = self._withdraw(batch, user_id, erase=False)
-            self._e.committer.ack(conn, msgid, Outcome(change.withdrawal, membership))
-        else:
+        if not purge:
+            batch.changes.append(change)
             self._e.committer.ack(conn, msgid, membership.wire())
+            return
+        # the leave is committed at once; its event and reply go with the purge, which
+        # takes effect a commit or two later (refused if the leave's batch is)
+        w = Withdrawal(user_id, self._e.next_seq(), erase=False)
+
+        def join(batch: Batch) -> None:
+            change.at_ns = self._event(batch, user_id, PURGE, w)
+            change.withdrawal = w
+            batch.changes.append(change)
+
+        self._e.past.ask(w, join, conn, msgid, Outcome(w, membership))
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "rejoin", "user_id", 1, 1)
@@ -53,7 +61,7 @@ class Changes:
         membership = self._e.members.rejoin(batch, user_id)
         if membership is not None:
             at = self._event_ns()
-            self._event(batch, user_id, REJOIN, at)
+            self._line(batch, user_id, REJOIN, at)
             batch.changes.append(Change(feed.REJOIN, at, user_id, membership.left_at_ns))
             self._e.committer.ack(conn, msgid, membership.wire())
         else:  # already active: nothing was written
@@ -62,10 +70,14 @@ class Changes:
     def purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "purge", "user_id", 1, 1)
         user_id = params.user_id(args[0])
-        batch = self._e.committer.writable()
-        withdrawal = self._withdraw(batch, user_id, erase=False)
-        batch.changes.append(Change(feed.PURGE, withdrawal.at_ns, user_id, withdrawal=withdrawal))
-        self._e.committer.ack(conn, msgid, Outcome(withdrawal))
+        self._e.committer.writable()  # refused now, if writes are
+        w = Withdrawal(user_id, self._e.next_seq(), erase=False)
+
+        def join(batch: Batch) -> None:
+            at = self._event(batch, user_id, PURGE, w)
+            batch.changes.append(Change(feed.PURGE, at, user_id, withdrawal=w))
+
+        self._e.past.ask(w, join, conn, msgid, Outcome(w))
 
     def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Right to erasure: the rows go, with all they added; the user stays Left, so
@@ -73,31 +85,33 @@ class Changes:
         params.arity(args, "erase", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         batch = self._e.committer.writable()
-        withdrawal = self._withdraw(batch, user_id, erase=True)
-        self._e.keys.erasing(batch, user_id, withdrawal.before_seq)
+        w = Withdrawal(user_id, self._e.next_seq(), erase=True)
+        self._e.keys.erasing(batch, user_id, w.before_seq)
         if not self._e.members.is_left(user_id):
-            self._e.members.leave(batch, user_id, withdrawal.at_ns)
+            left = self._e.members.leave(batch, user_id, self._event_ns()).left_at_ns
+            assert left is not None  # a leave has its time
+            self._last_event_ns = left
         left_at = self._e.members.status(user_id).left_at_ns
-        change = Change(feed.ERASE, withdrawal.at_ns, user_id, left_at, withdrawal)
-        batch.changes.append(change)  # the user's id and how much went: none of their data
-        self._e.committer.ack(conn, msgid, Outcome(withdrawal))
 
-    def _withdraw(self, batch: Batch, user_id: int, *, erase: bool) -> Withdrawal:
-        """A purge or an erase of the user's rows read so far; the writer finds them."""
-        withdrawal = Withdrawal(user_id, self._e.next_seq(), erase, self._event_ns())
-        batch.past.append(withdrawal)
-        # what finding the user's rows will cost the writer: a search of every kept row
-        batch.searched += max(self._e.ledger_rows, SEARCH_LEAST)
-        batch.writes += 1
-        self._event(batch, user_id, ERASE if erase else PURGE, withdrawal.at_ns, withdrawal)
-        return withdrawal
+        def join(batch: Batch) -> None:
+            at = self._event(batch, user_id, ERASE, w)
+            # the user's id and how much went: none of their data
+            batch.changes.append(Change(feed.ERASE, at, user_id, left_at, w))
+
+        self._e.past.ask(w, join, conn, msgid, Outcome(w))
 
     def _event_ns(self) -> int:
         """Now, for a history event: later than every event before, so that a user's
         history pages by time exactly, even if the wall clock steps back."""
         return max(self._clock(), self._last_event_ns + 1)
 
-    def _event(
+    def _event(self, batch: Batch, user_id: int, event: int, w: Withdrawal) -> int:
+        """A purge's or erase's line of the user's history, as it joins its batch: its time."""
+        w.at_ns = self._event_ns()
+        self._line(batch, user_id, event, w.at_ns, w)
+        return w.at_ns
+
+    def _line(
         self, batch: Batch, user_id: int, event: int, at_ns: int, w: Withdrawal | None = None
     ) -> None:
         """A line of the user's history, written with the change it records."""

@@ -34,11 +34,9 @@ _refusals = Throttle(log)
 #: for a commit (rows, tallies, replies) stays bounded, and so does the commit's length.
 OPEN_SIGNALS: Final = 50_000
 OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communities and cohorts)
-#: ... or withdrawals (purges, erases) that search this many ledger rows in all: each
-#: searches every kept row's user (about 25 ms per million here), so one commit holds the
-#: writer for a bounded time however many are pipelined; the rest go in the next commits
-OPEN_SEARCH: Final = 2_000_000
-SEARCH_LEAST: Final = 10_000  # what a withdrawal counts for in a small ledger
+#: seconds a graceful stop goes on rewriting withdrawn rows (``core.rewrites``); boot
+#: resumes what is left
+REWRITE_AT_STOP: Final = 5.0
 
 
 class Steps(Protocol):
@@ -49,6 +47,9 @@ class Steps(Protocol):
 
     def prepare(self, batch: Batch) -> None:
         """Before ``batch`` commits: add what is due (a checkpoint, old keys to forget)."""
+
+    def busy(self) -> bool:
+        """Work due with no request asking: a chunk of rows to rewrite (``core.rewrites``)."""
 
     def last(self, batch: Batch) -> bool:
         """At shutdown, with nothing left to commit: add a final piece of work, if any."""
@@ -85,6 +86,7 @@ class Committer:
         self.unknown: str | None = None
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
         self._closing = False
+        self._rewrite_until = 0.0
         self._last_tried = False
         self._task: asyncio.Task[None] | None = None
 
@@ -94,6 +96,7 @@ class Committer:
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
         self._closing = True
+        self._rewrite_until = time.monotonic() + REWRITE_AT_STOP
         self.wake()
         if self._task is not None:
             await self._task
@@ -122,11 +125,7 @@ class Committer:
         batch.writers.add(conn)
         if self._idle is not None:
             self.wake()
-        if (
-            batch.signals >= OPEN_SIGNALS
-            or batch.fanout >= OPEN_FANOUT
-            or batch.searched >= OPEN_SEARCH
-        ):
+        if batch.signals >= OPEN_SIGNALS or batch.fanout >= OPEN_FANOUT:
             self._hold(True)  # let go of when the writer takes this batch
 
     def answer(self, conn: Replier, msgid: int | None, result: Any) -> None:
@@ -152,7 +151,7 @@ class Committer:
     async def _run(self) -> None:
         while True:
             batch = self.open
-            if not batch.pending():
+            if not batch.pending() and not self._busy():
                 if not self._closing:
                     self._idle = asyncio.get_running_loop().create_future()
                     await self._idle
@@ -204,6 +203,11 @@ class Committer:
                 await unknown.settle()
             finally:
                 self.unknown = None
+
+    def _busy(self) -> bool:
+        if self.failed is not None or not self._steps.busy():
+            return False
+        return not self._closing or time.monotonic() < self._rewrite_until
 
     def wake(self) -> None:
         """Start the writer if it waits for work (it re-checks the open batch after each commit)."""

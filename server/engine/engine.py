@@ -31,17 +31,20 @@ from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
 from tidal.server.core.replies import Replier
+from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
+from tidal.server.core.rewrites import Rewrites
 from tidal.server.core.signals import SignalArgs, signal_batch, single_signal
 from tidal.server.core.userrows import UserRows
 from tidal.server.core.windows import AHEAD_NS
 from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
-from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
+from tidal.server.storage.sqlbulk import I64_MAX, U64, from_db, to_db
 
 from .changes import Changes
 from .committer import Committer
 from .feed import Feed
+from .past import Past
 from .ranked import Ranked
 from .reads import Reads
 from .retention import Retention
@@ -77,6 +80,7 @@ class Engine:
         ledger_retention: float = 0.0,
         event_retention: float = 0.0,
         heartbeat: float = 5.0,
+        rewrite_chunk: int = REWRITE_CHUNK,
     ) -> None:
         self.storage = storage
         self._clock = clock
@@ -86,6 +90,9 @@ class Engine:
         self.members = Members.adopt(snapshot.left, snapshot.rejoined)
         self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
         self.keys = Keys(snapshot.keys, key_window_ns, max_keys)
+        for user, rule in snapshot.rules.items():  # an erase's rows not all deleted yet
+            if rule.erase_before:
+                self.keys.erasing_since(from_db(user), rule.erase_before)
         self.aggregates = Aggregates(
             every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
@@ -107,6 +114,15 @@ class Engine:
         self.signals = self.forwarded = 0
         self.ledger_rows = snapshot.ledger_rows
         self.retention = Retention(ledger_retention, clock, self.committer)
+        self.past = Past(
+            storage,
+            self.committer,
+            Rewrites(snapshot.rules, rewrite_chunk),
+            lambda: self.board.decay,
+            clock,
+            self.keys,
+            self.user_rows,
+        )
         self.feed = Feed(
             snapshot.last_event_id,
             self.committer,
@@ -148,11 +164,13 @@ class Engine:
         self.committer.start()
         self.retention.start()
         self.feed.start()
+        self.past.start()
 
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
         self.retention.stop()
         self.feed.stop()
+        await self.past.close()  # every withdrawal read joins a batch, or is refused
         await self.committer.close()
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
@@ -261,6 +279,11 @@ class Engine:
             user = to_db(w.user_id)
             w.recent = self.user_rows.recent(user, w.before_seq)
             w.recent += [row[0] for row in batch.ledger if row[1] == user and row[0] < w.before_seq]
+        if self.committer.full is None:  # after a refused commit, a request tries first
+            batch.rewrite = self.past.rewrites.chunk({to_db(w.user_id) for w in batch.past})
+
+    def busy(self) -> bool:
+        return self.committer.full is None and self.past.rewrites.busy()
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
@@ -284,12 +307,8 @@ class Engine:
         self.aggregates.signals_committed(batch.signals)
         self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
-        for w in batch.past:  # after the batch's own deltas: they may be what it withdrew
-            log.info("%s", w)  # rare, and asked for: worth a line each
-            if w.erase:
-                self.keys.erased(w.user_id, w.before_seq, w.keys)
-                self.user_rows.erased(to_db(w.user_id), w.before_seq)
-                self.ledger_rows -= w.signals
+        self.ledger_rows -= sum(w.signals for w in batch.past if w.erase)  # gone from now on
+        self.past.committed(batch)
         if batch.retire is not None:
             self.retention.done(batch.retired)
         self.signals += batch.signals
@@ -308,8 +327,7 @@ class Engine:
         board.advance(self._clock())
         board.add(batch.board)
         for w in batch.past:
-            board.add(w.board_table)  # taken off the table too, in the transaction
-            board.add(w.board_live)
+            board.add(w.board)
         if batch.cohorts:
             board.keep_cohorts(set(self.cohorts.names()))
 
@@ -318,3 +336,4 @@ class Engine:
             self.board.put_back(batch.board_changed)
         self._next_seq = batch.first_seq
         self.feed.failed(batch, later)
+        self.past.failed((batch, later))

@@ -83,6 +83,9 @@ class Reads:
         if msgid is None:
             conn.reply(None, None)
             return
+        if self._engine.past.waiting():  # its line is written as it takes effect
+            self._engine.past.defer(lambda: self.history(conn, msgid, args))
+            return
         committer = self._engine.committer
         mine = [e for e in committer.open.history if e.user_id == user_id]
         read = HistoryRead(user_id, after_ns, limit, mine)
@@ -122,6 +125,7 @@ class Reads:
             "users_left": len(self._engine.members),
             "ledger_rows": self._engine.ledger_rows,
             "ledger_retired": self._engine.retention.retired,
+            "ledger_rewriting": self._engine.past.rewrites.pending(),
             "backend": self._engine.storage.backend,
             "db_bytes": self._engine.storage.size(),
             "commits": self._engine.storage.commits,

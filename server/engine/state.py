@@ -16,6 +16,7 @@ from tidal.server.storage.interface import Storage
 
 from .committer import Committer
 from .feed import Feed
+from .past import Past
 from .retention import Retention
 
 
@@ -24,6 +25,7 @@ class EngineState(Protocol):
     committer: Committer
     retention: Retention
     feed: Feed
+    past: Past
     members: Members
     cohorts: Registry
     keys: Keys

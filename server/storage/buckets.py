@@ -31,8 +31,7 @@ import msgpack
 from tidal.server.core import chunks, windows
 from tidal.server.core.board import Board, Changed
 from tidal.server.core.chunks import Shelf, Written
-from tidal.server.core.sums import TREND, aggregate_rows, bucket_rows
-from tidal.server.core.tallies import Contribution
+from tidal.server.core.sums import TREND
 
 from .sqlbulk import SET_META, Bulk, Exec, Many, Plan, put_guarded
 
@@ -111,17 +110,14 @@ def put(bulk: Bulk, rows: list[tuple[Any, ...]]) -> Plan[None]:
         )  # fmt: skip
 
 
-def withdraw(contributions: list[Contribution], decay: list[tuple[int, int]],
-             now_ns: int) -> Plan[None]:  # fmt: skip
-    """A purge's or erase's share, for rows up to the watermark: one ``withdrawals`` record
-    (see above), with the bases its decayed sums were taken at."""
-    if not contributions:
+def withdraw(
+    aggregates: list[Any], bucket_rows: list[Any], decay: list[tuple[int, int]]
+) -> Plan[None]:
+    """A purge's or erase's share, for rows up to the watermark, summed (``sums``): one
+    ``withdrawals`` record (see above), with the bases its decayed sums were taken at."""
+    if not aggregates:
         return
-    record = {
-        "decay": decay,
-        "aggregates": aggregate_rows(contributions),
-        "buckets": bucket_rows(contributions, decay, now_ns),
-    }
+    record = {"decay": decay, "aggregates": aggregates, "buckets": bucket_rows}
     yield Exec(_WITHDRAWN, (msgpack.packb(record, use_bin_type=True),))
 
 

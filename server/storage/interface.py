@@ -10,12 +10,16 @@ transaction, and ``commit`` returns only once it is durable, or raises
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from tidal.server.core.batch import Batch
 from tidal.server.core.restore import BoardRows
+from tidal.server.core.rewrites import Rule
+from tidal.server.storage.sqlbulk import Dialect, Plan
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class Snapshot:
     users_tail: list[int]  # the users of the rows from there on, in seq order
     board: BoardRows
     last_event_id: int  # the change feed's: the last id given
+    #: withdrawals whose rows are not all rewritten yet: user as stored -> rule
+    rules: dict[int, Rule]
 
 
 class Storage(Protocol):
@@ -58,6 +64,10 @@ class Storage(Protocol):
         """The batch's reads, then its writes in one transaction; raises ``StorageFailure``
         if it did not commit (and only then), or ``CommitUnknown`` if the answer to its
         COMMIT was lost (PostgreSQL)."""
+
+    async def read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
+        """A plan of reads, beside the writer: on a connection of its own, in one read
+        transaction (a snapshot of what is committed); raises ``StorageFailure``."""
 
     def size(self) -> int:
         """Bytes the database takes (PostgreSQL: as last measured)."""

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from tidal.server.core import past, userrows
 from tidal.server.core.batch import Batch
+from tidal.server.core.rewrites import Rewrite, Rule
 
 from . import buckets
 from .sqlbulk import (
+    ADD_META,
     I64_MAX,
     Begin,
     Bulk,
@@ -22,6 +25,7 @@ from .sqlbulk import (
     Plan,
     Rows,
     from_db,
+    table_watermark,
     to_db,
 )
 
@@ -71,57 +75,121 @@ def left_users(after: int | None, n: int) -> Plan[list[tuple[int, int]]]:
     return rows
 
 
-def read_blocks() -> Plan[dict[int, bytes]]:
-    """Every block of ``ledger_users``, read once for all the withdrawals of a batch."""
-    return dict((yield Rows(_BLOCKS)))
+_ROWS_OF: Final = (
+    "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
+    " WHERE {in_seqs} AND user_id = ? ORDER BY seq"
+)
+_PUT_RULE: Final = (
+    "INSERT INTO rewrites (user_id, purge_before, erase_before) VALUES (?, ?, ?)"
+    " ON CONFLICT (user_id) DO UPDATE SET purge_before = excluded.purge_before,"
+    " erase_before = excluded.erase_before"
+)
 
 
-def withdraw(
-    d: Dialect,
-    w: past.Withdrawal,
-    watermark: int,
-    blocks: dict[int, bytes],
-    batch: Batch,
-) -> Plan[None]:
-    """A purge or an erase: change the user's rows, and take what they added off the
-    tables now (rows up to ``watermark``) and off the board once committed (all). A user
-    with no rows costs a search of ``blocks`` and no statement."""
+def _find(blocks: Iterable[tuple[int, bytes]], user: int, below: int) -> list[int]:
+    return [
+        seq for first, block in blocks for seq in userrows.find(block, first, user) if seq < below
+    ]
+
+
+def _rows_of(d: Dialect, user: int, seqs: list[int]) -> Plan[list[past.PastRow]]:
+    if not seqs:
+        return []
+    rows: list[past.PastRow] = yield Rows(_ROWS_OF.format(in_seqs=d.in_seqs), (d.seqs(seqs), user))
+    return rows
+
+
+def survey(
+    d: Dialect, ws: list[past.Withdrawal], decay: Sequence[tuple[int, int]], now_ns: int
+) -> Plan[list[past.Survey]]:
+    """Withdrawals' rows that the snapshot's blocks list, and what they take off: run on
+    the reader, in one read transaction, beside the writer. The blocks are read once."""
+    ((last,),) = yield Rows("SELECT MAX(first_seq) FROM ledger_users")
+    through = 0 if last is None else last + userrows.BLOCK
+    watermark = yield from table_watermark()
+    blocks = yield Rows(_BLOCKS + " WHERE first_seq < ?", (through,))
+    surveys = []
+    for w in ws:
+        user = to_db(w.user_id)
+        rows = yield from _rows_of(d, user, sorted(_find(blocks, user, w.before_seq)))
+        seqs, taken = past.withdrawn(rows, w.rule, w.erase)
+        surveys.append(past.Survey.of(through, watermark, seqs, taken, decay, now_ns))
+    return surveys
+
+
+def withdraw(d: Dialect, w: past.Withdrawal, watermark: int, batch: Batch) -> Plan[None]:
+    """A purge or an erase takes effect: the rows past its survey found (few: those of
+    the last block or two, and of memory's tail), its sums off the tables (rows up to
+    ``watermark``) now and off the board once committed, and its rule recorded, so that
+    its rows count as rewritten until they are (``core.rewrites``)."""
     began = time.perf_counter()
+    survey = w.survey
+    assert survey is not None
     user = to_db(w.user_id)
-    mine_by_block = {}
-    seqs = set(w.recent)
-    for first, block in blocks.items():
-        if first < w.before_seq and (found := userrows.find(block, first, user)):
-            mine_by_block[first] = found
-            seqs.update(found)
-    listed = sorted(seq for seq in seqs if seq < w.before_seq)
-    if listed:
-        yield from _withdraw_rows(d, w, user, d.seqs(listed), watermark)
-        yield from buckets.withdraw(w.board_table, batch.decay, batch.now_ns)
-        if w.erase:
-            for first, found in mine_by_block.items():  # no trace of the user in the blocks
-                blocks[first] = userrows.blank(blocks[first], first, found)
-                yield Exec(PUT_BLOCK, (first, blocks[first]))
+    blocks = yield Rows(_BLOCKS + " WHERE first_seq >= ?", (survey.through,))
+    found = _find(blocks, user, w.before_seq)
+    found += [seq for seq in w.recent if seq >= survey.through]
+    rows = yield from _rows_of(d, user, sorted(set(found)))
+    aggregates, bucket_rows = w.add(rows, watermark, batch.decay, batch.now_ns)
+    yield from buckets.withdraw(
+        survey.table[0] + aggregates, survey.table[1] + bucket_rows, batch.decay
+    )
+    if w.seqs:
+        rule = w.rule.wider(w.erase, w.before_seq)
+        yield Exec(_PUT_RULE, (user, rule.purge_before, rule.erase_before))
     w.seconds = time.perf_counter() - began
 
 
-def _withdraw_rows(
-    d: Dialect, w: past.Withdrawal, user: int, listed: object, watermark: int
-) -> Plan[None]:
-    mine = f"{d.in_seqs} AND user_id = ?"  # a user's rows, by seq, in one argument
-    if w.erase:
-        erase_keys = f"DELETE FROM signal_keys WHERE {d.in_seqs} RETURNING key, seq"
-        w.keys = yield Rows(erase_keys, (listed,))
-        query = (
-            f"DELETE FROM ledger WHERE {mine}"
-            " RETURNING seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns)"
+def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
+    """One chunk of a withdrawal's rows rewritten: flipped (purge) or deleted, with their
+    keys and their entries in the blocks (erase); with the last, the user's rule goes."""
+    began = time.perf_counter()
+    listed = d.seqs(r.seqs)
+    mine = f"{d.in_seqs} AND user_id = ?"
+    if r.seqs and r.erase:
+        keys = f"DELETE FROM signal_keys WHERE {d.in_seqs} RETURNING key, seq"
+        r.keys = yield Rows(keys, (listed,))
+        r.deleted = yield Changed(f"DELETE FROM ledger WHERE {mine}", (listed, r.user))
+        by_block: dict[int, list[int]] = {}
+        for seq in r.seqs:
+            by_block.setdefault(userrows.block_of(seq), []).append(seq)
+        in_firsts = d.in_seqs.replace("seq", "first_seq", 1)
+        for first, block in (
+            yield Rows(_BLOCKS + f" WHERE {in_firsts}", (d.seqs(list(by_block)),))
+        ):
+            yield Exec(PUT_BLOCK, (first, userrows.blank(block, first, by_block[first])))
+        if r.deleted:
+            yield Exec(ADD_META, ("ledger_deleted", r.deleted))
+    elif r.seqs:
+        yield Exec(
+            f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1", (listed, r.user)
         )
-    else:
-        query = (
-            f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1"
-            " RETURNING seq, entity, kind, weight, 1, context, COALESCE(at_ns, ts_ns)"
-        )
-    w.take((yield Rows(query, (listed, user))), watermark)
+    if r.last:
+        yield Exec("DELETE FROM rewrites WHERE user_id = ?", (r.user,))
+    r.seconds = time.perf_counter() - began
+
+
+def rules() -> Plan[dict[int, Rule]]:
+    """The rules of withdrawals whose rows are not all rewritten yet, by user as stored."""
+    rows = yield Rows("SELECT user_id, purge_before, erase_before FROM rewrites")
+    return {user: Rule(purge, erase) for user, purge, erase in rows}
+
+
+def unwritten(
+    d: Dialect, user: int, rule: Rule, tail: Iterable[int]
+) -> Plan[tuple[list[int], list[int]]]:
+    """At boot, on the reader: the rows a rule still covers, as the erase's and the
+    purge's to rewrite. ``tail``: the user's rows past the last block (from memory)."""
+    below = max(rule.purge_before, rule.erase_before)
+    blocks = yield Rows(_BLOCKS)
+    seqs = sorted(set(_find(blocks, user, below)) | {seq for seq in tail if seq < below})
+    rows: list[tuple[int, int]] = []
+    if seqs:
+        query = f"SELECT seq, forwarded FROM ledger WHERE {d.in_seqs} AND user_id = ? ORDER BY seq"
+        rows = yield Rows(query, (d.seqs(seqs), user))
+    erase = [seq for seq, _ in rows if seq < rule.erase_before]
+    purge = [seq for seq, fwd in rows if seq >= rule.erase_before and fwd]
+    return erase, purge
 
 
 def catch_up_blocks(next_seq: int) -> Plan[tuple[int, list[int]]]:

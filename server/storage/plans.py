@@ -17,6 +17,7 @@ import msgpack
 from tidal.server.core import past, windows
 from tidal.server.core.batch import Batch
 from tidal.server.core.restore import BoardRows, from_row
+from tidal.server.core.rewrites import GONE, Rule, reach
 from tidal.server.core.sums import aggregate_rows, bucket_rows
 
 from . import buckets, events
@@ -82,6 +83,7 @@ def load(
         (cid, name, msgpack.unpackb(blob, raw=False))
         for cid, name, blob in (yield Rows("SELECT id, name, predicate FROM cohorts ORDER BY id"))
     ]
+    rules = yield from storage_past.rules()
     ((max_seq,),) = yield Rows("SELECT COALESCE(MAX(seq), 0) FROM ledger")
     meta = dict((yield Rows("SELECT key, value FROM meta")))
     watermark = int(meta.get("aggregates_seq", 0))
@@ -101,7 +103,7 @@ def load(
     else:
         board.missing = buckets.missing_half_lives((yield Rows(buckets.SELECT_DECAYS)), half_lives)
         if board.missing and watermark:
-            rows = yield Rows(_ROWS + " WHERE seq <= ?", (watermark,))
+            rows = yield from _read_rows(" WHERE seq <= ?", (watermark,), rules)
             contributions = [from_row(row) for row in rows]
             board.trends = bucket_rows(contributions, decay, now_ns, board.missing)
             log.info(
@@ -115,7 +117,7 @@ def load(
     board.withdrawn = buckets.withdrawn(
         (yield Rows("SELECT data FROM withdrawals ORDER BY id")), decay
     )
-    tail = yield Rows(_ROWS + " WHERE seq > ? ORDER BY seq", (watermark,))
+    tail = yield from _read_rows(" WHERE seq > ? ORDER BY seq", (watermark,), rules)
     newest_keys = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
         " ORDER BY ts_ns DESC LIMIT ?",
@@ -125,7 +127,7 @@ def load(
     ((last_event,),) = yield Rows("SELECT MAX(at_ns) FROM history")  # at_ns only grows
     last_event_id, last_feed_ns = yield from events.last(int(meta.get("last_event_id", 0)))
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
-    rows = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
+    kept = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
     next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
     return Snapshot(
         left,
@@ -136,25 +138,41 @@ def load(
         watermark,
         tail,
         keys,
-        rows,
+        kept,
         max(last_event or 0, last_feed_ns),
         next_block,
         users_tail,
         board,
         last_event_id,
+        rules,
     )
 
 
-_ROWS: Final = (
-    "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
-)
+_ROWS: Final = "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns)"
+
+
+def _read_rows(where: str, args: tuple[Any, ...], rules: dict[int, Rule]) -> Plan[list[Any]]:
+    """Ledger rows as they count: through the rules of withdrawals whose rows are not all
+    rewritten yet (``core.rewrites``)."""
+    if not rules:
+        rows: list[Any] = yield Rows(_ROWS + " FROM ledger" + where, args)
+        return rows
+    counted = []
+    for *row, user in (yield Rows(_ROWS + ", user_id FROM ledger" + where, args)):
+        rule = rules.get(user)
+        if rule is not None:
+            row[4] = reach(rule, row[0], row[4])
+            if row[4] == GONE:
+                continue
+        counted.append(tuple(row))
+    return counted
 
 
 def _align(board_seq: int, watermark: int) -> Plan[None]:
     """A database written before the two tables shared a watermark: the aggregates table
     ran to the end of each checkpoint's batch, the buckets to its start. The rows
     between come off the aggregates table, so that both run to the lower."""
-    rows = yield Rows(_ROWS + " WHERE seq > ? AND seq <= ?", (board_seq, watermark))
+    rows = yield Rows(_ROWS + " FROM ledger WHERE seq > ? AND seq <= ?", (board_seq, watermark))
     taken = [
         (entity, kind, -1, -weight, at, cohorts, communities, True)
         for entity, kind, _, weight, at, cohorts, communities, _ in map(from_row, rows)
@@ -198,7 +216,7 @@ def _board(
                        (factor, hl))  # fmt: skip
         log.info("moved the base of the %s trend to %d half-lives ahead", hl, windows.BASE_AHEAD)
     if board_seq and legacy:
-        rows = yield Rows(_ROWS + " WHERE seq <= ?", (board_seq,))
+        rows = yield Rows(_ROWS + " FROM ledger WHERE seq <= ?", (board_seq,))
         contributions = [from_row(row) for row in rows]
         if behind:
             yield Exec("DELETE FROM buckets")
@@ -236,6 +254,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         and batch.board_changed is None
         and batch.retire is None
         and batch.retire_events is None
+        and batch.rewrite is None
     ):
         if batch.reach:  # a health check: proof the database answers
             yield Rows("SELECT 1")
@@ -258,20 +277,20 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
     if batch.users_blocks:
         yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
-    if batch.past or batch.retire is not None:
+    if batch.past or batch.retire is not None or batch.rewrite is not None:
         # after the checkpoint: what it wrote is the table these rows are withdrawn from
         watermark = yield from table_watermark()
         # rows are about to go, maybe the newest: a seq once acknowledged is never
         # given again, so the next boot must not take its next seq from what is left
         yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
-        blocks = (yield from storage_past.read_blocks()) if batch.past else {}
+        if batch.rewrite is not None:  # before the withdrawals: one may write its rule anew
+            yield from storage_past.rewrite(d, batch.rewrite)
         for withdrawal in batch.past:
-            yield from storage_past.withdraw(d, withdrawal, watermark, blocks, batch)
+            yield from storage_past.withdraw(d, withdrawal, watermark, batch)
         if batch.retire is not None:  # only rows the tables hold
             yield from storage_past.retire(batch, watermark)
-        deleted = batch.retired + sum(w.signals for w in batch.past if w.erase)
-        if deleted:  # so that boot knows how many rows there are without counting them
-            yield Exec(ADD_META, ("ledger_deleted", deleted))
+            if batch.retired:  # so that boot knows how many rows there are without counting
+                yield Exec(ADD_META, ("ledger_deleted", batch.retired))
     if batch.history:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)

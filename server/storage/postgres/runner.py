@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar
 
 import asyncpg
 
@@ -29,9 +29,7 @@ from tidal.server.core.batch import Batch
 from tidal.server.errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
 from tidal.server.storage import plans
 from tidal.server.storage.interface import Snapshot
-from tidal.server.storage.sqlbulk import (
-    POSTGRES,
-)
+from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
 from .execute import BatchIds, CommitLost, run
 from .lock import AdvisoryLock
@@ -51,6 +49,7 @@ from .session import (
 )
 
 log = logging.getLogger("tidal.storage")
+T = TypeVar("T")
 
 
 SIZE_EVERY: Final = 10.0  # seconds between measures of the database's size
@@ -73,6 +72,7 @@ class PgStorage:
         self._lock = AdvisoryLock(schema, writer.get_server_pid())
         self.commits = 0
         self._writer: asyncpg.Connection | None = writer
+        self._reader: asyncpg.Connection | None = None  # for reads beside the writer
         self._ids = BatchIds()
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST
@@ -148,10 +148,37 @@ class PgStorage:
         if time.monotonic() - self._sized_at > SIZE_EVERY:
             await self._measure(conn)
 
+    async def read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
+        """On a second connection: one repeatable-read transaction, a snapshot."""
+        conn = self._reader
+        try:
+            if conn is None or conn.is_closed():
+                conn = self._reader = await self._connect()
+            await conn.execute(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", timeout=STATEMENT_TIMEOUT
+            )
+            try:
+                return await run(conn, BatchIds(), plan(POSTGRES))
+            finally:
+                if not conn.is_closed():
+                    await conn.execute("ROLLBACK", timeout=STATEMENT_TIMEOUT)
+        except StorageFailure:
+            raise
+        except Exception as exc:
+            if conn is not None:
+                conn.terminate()
+            self._reader = None
+            raise StorageFailure(
+                f"read failed: {why(exc)}", transient=True, state="unavailable"
+            ) from exc
+
     def size(self) -> int:
         return self._size
 
     async def close(self) -> None:
+        if self._reader is not None:
+            await close_quietly(self._reader)
+            self._reader = None
         if self._writer is not None:
             await close_quietly(self._writer)  # the session ends: the lock goes with it
         self._writer = None

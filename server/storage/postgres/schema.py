@@ -119,6 +119,21 @@ MIGRATIONS: Final[list[list[str]]] = [
             data BYTEA NOT NULL
         )""",
     ],
+    [
+        # SQLite's version 9: a purge's or erase's rows still to rewrite (core/rewrites.py)
+        """CREATE TABLE rewrites (
+            user_id BIGINT PRIMARY KEY,
+            purge_before BIGINT NOT NULL,
+            erase_before BIGINT NOT NULL
+        )""",
+        # the ledger as it counts, for whoever reads the database: through those rules
+        """CREATE VIEW ledger_counted AS
+            SELECT l.seq, l.user_id, l.entity, l.kind, l.weight, l.ts_ns,
+                CASE WHEN l.seq < r.purge_before THEN 0 ELSE l.forwarded END AS forwarded,
+                l.context, l.at_ns
+            FROM ledger l LEFT JOIN rewrites r ON r.user_id = l.user_id
+            WHERE r.erase_before IS NULL OR l.seq >= r.erase_before""",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -31,6 +31,7 @@ from tidal.server.storage.sqlbulk import (
     Begin,
     Bulk,
     Changed,
+    Dialect,
     Exec,
     Fill,
     Many,
@@ -73,6 +74,7 @@ class SqliteStorage:
 
     def __init__(self, db: _Connection, location: str) -> None:
         self._db = db
+        self._reader: _Connection | None = None  # opened by the first read beside the writer
         self.location = location
         self.commits = 0
 
@@ -83,10 +85,7 @@ class SqliteStorage:
         location = str(path)
         schema.check_writable(location)
 
-        def connector() -> sqlite3.Connection:
-            return sqlite3.connect(location, isolation_level=None, check_same_thread=False)
-
-        pending = _Connection(connector, iter_chunk_size=256)
+        pending = _Connection(functools.partial(_connect, location), iter_chunk_size=256)
         try:
             db = cast(_Connection, await pending)
         except sqlite3.Error as exc:
@@ -129,6 +128,25 @@ class SqliteStorage:
         if wrote:
             self.commits += 1
 
+    async def read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
+        """On a second connection and thread: a snapshot that commits meanwhile leave as
+        it was (a deferred transaction, in write-ahead-log mode), the writer not waiting."""
+
+        def snapshot(db: sqlite3.Connection) -> T:
+            db.execute("BEGIN")
+            try:
+                return run(db, plan(SQLITE))
+            finally:
+                db.execute("ROLLBACK")
+
+        try:
+            if self._reader is None:
+                pending = _Connection(functools.partial(_connect, self.location), 256)
+                self._reader = cast(_Connection, await pending)
+            return await self._reader.run(snapshot)
+        except sqlite3.Error as exc:
+            raise StorageFailure(f"read failed: {exc}", transient=True) from exc
+
     def size(self) -> int:
         """Bytes on disk: the database file and its write-ahead log."""
         total = 0
@@ -138,7 +156,13 @@ class SqliteStorage:
         return total
 
     async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.close()
         await self._db.close()
+
+
+def _connect(location: str) -> sqlite3.Connection:
+    return sqlite3.connect(location, isolation_level=None, check_same_thread=False)
 
 
 def run(db: sqlite3.Connection, plan: Plan[T]) -> T:

@@ -1,0 +1,131 @@
+"""A purge's or erase's rows, rewritten after it took effect, a chunk per commit.
+
+A user's rows lie across the whole ledger: flipping or deleting 10,000 of them
+rewrites 10,000 pages, a quarter of a second and more inside one commit that
+every client waits on. So a withdrawal takes its sums off at once (from a survey
+read beside the writer, see ``engine.past``) and records a rule in ``rewrites``,
+in the same transaction: the user's rows below ``erase_before`` count as gone,
+those below ``purge_before`` as not forwarded, whatever the rows still say. The
+rows are then rewritten ``CHUNK`` at a time, one chunk per commit, and the rule
+is deleted with the last. Everything that reads rows back (a later survey, boot's
+replay of the ledger's tail, keys at boot) reads them through ``reach``: the one
+place the rule lives.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+#: rows per commit, by default: 256 scattered rows rewrite and commit in about 10 ms here
+CHUNK: Final = 256
+
+GONE: Final = -1  # ``reach`` of a row an erase took
+
+
+class Rule(NamedTuple):
+    """A user's rows below ``erase_before`` are gone, below ``purge_before`` unforwarded."""
+
+    purge_before: int = 0
+    erase_before: int = 0
+
+    def wider(self, erase: bool, before_seq: int) -> Rule:
+        if erase:
+            return Rule(self.purge_before, max(self.erase_before, before_seq))
+        return Rule(max(self.purge_before, before_seq), self.erase_before)
+
+
+NO_RULE: Final = Rule()
+
+
+def reach(rule: Rule, seq: int, forwarded: int) -> int:
+    """What a row counts as: ``GONE``, 0 (not forwarded) or 1, whatever it still says."""
+    if seq < rule.erase_before:
+        return GONE
+    if seq < rule.purge_before:
+        return 0
+    return forwarded
+
+
+@dataclass(slots=True)
+class Job:
+    user: int  # as stored
+    erase: bool
+    seqs: list[int]
+    done: int = 0
+    commits: int = 0
+    longest: float = 0.0  # the writer's longest time on one of its chunks, in s
+
+
+@dataclass(slots=True)
+class Rewrite:
+    """One commit's chunk: ``seqs`` of ``user`` flipped (purge) or deleted (erase); with
+    ``last``, the user's rule goes too."""
+
+    user: int
+    erase: bool
+    seqs: list[int]
+    last: bool
+    deleted: int = 0  # rows the writer deleted (retention may have taken some first)
+    seconds: float = 0.0  # the writer's time on it
+    keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
+
+
+class Rewrites:
+    def __init__(self, rules: dict[int, Rule], chunk: int = CHUNK) -> None:
+        self.rules = rules  # by user as stored
+        self._chunk = chunk
+        self._jobs: deque[Job] = deque()
+
+    def rule(self, user: int) -> Rule:
+        return self.rules.get(user, NO_RULE)
+
+    def pending(self) -> int:
+        """Rows still to rewrite."""
+        return sum(len(job.seqs) - job.done for job in self._jobs)
+
+    def busy(self) -> bool:
+        return bool(self._jobs)
+
+    def took_effect(self, user: int, erase: bool, before_seq: int, seqs: list[int]) -> None:
+        """A withdrawal committed, with its rule (``wider`` than the user's last) and the
+        rows it covers (never none: a withdrawal of no row writes no rule)."""
+        self.rules[user] = self.rule(user).wider(erase, before_seq)
+        self._jobs.append(Job(user, erase, seqs))
+
+    def resume(self, user: int, erase: bool, seqs: list[int]) -> None:
+        """At boot: rows a rule still covers, found again (the rule itself was loaded)."""
+        self._jobs.append(Job(user, erase, seqs))
+
+    def chunk(self, withdrawing: set[int]) -> Rewrite | None:
+        """The next commit's chunk. Its ``last`` deletes the rule, unless another job of
+        the user waits, or ``withdrawing`` (users with a withdrawal in the same commit)
+        holds the user: that one writes the rule anew."""
+        if not self._jobs:
+            return None
+        job = self._jobs[0]
+        seqs = job.seqs[job.done : job.done + self._chunk]
+        ends = job.done + len(seqs) >= len(job.seqs)
+        last = ends and job.user not in withdrawing and self._only(job)
+        return Rewrite(job.user, job.erase, seqs, last)
+
+    def committed(self, rewrite: Rewrite) -> Job | None:
+        """The chunk is on disk; returns its job if that is done."""
+        job = self._jobs[0]
+        job.done += len(rewrite.seqs)
+        job.commits += 1
+        job.longest = max(job.longest, rewrite.seconds)
+        if job.done < len(job.seqs):
+            return None
+        self._jobs.popleft()
+        if rewrite.last:
+            self.rules.pop(job.user, None)
+        elif not any(j.user == job.user for j in self._jobs):
+            # its last chunk shared a commit with a withdrawal of the same user that found
+            # no row: a chunk of none deletes the rule
+            self._jobs.append(Job(job.user, job.erase, []))
+        return job
+
+    def _only(self, job: Job) -> bool:
+        return sum(1 for j in self._jobs if j.user == job.user) == 1

@@ -1,0 +1,235 @@
+"""Purges and erasures, off the writer: surveyed beside it, then taking effect in one commit.
+
+A withdrawal reaches the rows of its user read before it (``before_seq``, fixed as
+it is read), but reading them inside a group commit would hold every client for
+as long. So each is surveyed on the storage's reader, at a snapshot, one at a
+time in the order read; then it joins the open batch, with its history line,
+its change-feed event and its reply, and the writer adds only the rows the
+snapshot could not see. Its rows are rewritten over the commits after
+(``core.rewrites``).
+
+Until it has joined a batch, a read that could show what it withdraws waits
+with it (``defer``): the zero window holds. A withdrawal asked for in a batch
+that is then refused is refused too: its ``before_seq`` counted rows that were
+never committed, and an erase's leave was undone with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from tidal.protocol import ErrorCode
+from tidal.server.core.batch import Batch
+from tidal.server.core.keys import Keys
+from tidal.server.core.past import Withdrawal
+from tidal.server.core.replies import Later, Replier
+from tidal.server.core.rewrites import Rewrites
+from tidal.server.core.userrows import UserRows
+from tidal.server.errors import StorageFailure, Unavailable
+from tidal.server.storage import past as storage_past
+from tidal.server.storage.interface import Storage
+from tidal.server.storage.sqlbulk import U64, from_db, to_db
+
+from .committer import Committer
+
+log = logging.getLogger("tidal.engine")
+
+#: a failed read at boot, looking for the rows a rule still covers: tried again after
+RESUME_RETRY: Final = 1.0
+#: withdrawals one survey reads together: the blocks of ``ledger_users`` are read once
+SURVEY_GROUP: Final = 100
+
+
+@dataclass(slots=True, eq=False)
+class Asked:
+    """A withdrawal read, not yet in a batch: what it adds to the batch it joins, and the
+    reads that wait for it."""
+
+    w: Withdrawal
+    join: Callable[[Batch], None]  # its history line and event, timed as it joins
+    conn: Replier
+    msgid: int | None
+    reply: Later
+    asked_in: Batch  # the open batch when it was read
+    deferred: list[Callable[[], None]] = field(default_factory=list)
+
+
+class Past:
+    def __init__(
+        self,
+        storage: Storage,
+        committer: Committer,
+        rewrites: Rewrites,
+        decay: Callable[[], list[tuple[int, int]]],
+        clock: Callable[[], int],
+        keys: Keys,
+        user_rows: UserRows,
+    ) -> None:
+        self._storage = storage
+        self._committer = committer
+        self.rewrites = rewrites
+        self._decay = decay
+        self._clock = clock
+        self._keys = keys
+        self._user_rows = user_rows
+        self._asked: deque[Asked] = deque()  # read, not yet in a batch
+        #: users with a withdrawal in a batch not yet committed: done when it is
+        self._joined: dict[int, asyncio.Future[None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._resumed = not rewrites.rules  # rows a loaded rule covers, found again
+
+    def start(self) -> None:
+        if not self._resumed:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
+
+    async def close(self) -> None:
+        """Every withdrawal read has joined a batch, or been refused."""
+        if self._task is not None:
+            await self._task
+
+    # -- requests ------------------------------------------------------------
+
+    def ask(self, w: Withdrawal, join: Callable[[Batch], None], conn: Replier,
+            msgid: int | None, reply: Later) -> None:  # fmt: skip
+        self._asked.append(Asked(w, join, conn, msgid, reply, self._committer.open))
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
+
+    def waiting(self) -> bool:
+        """Whether a withdrawal read has not joined a batch yet."""
+        return bool(self._asked)
+
+    def defer(self, request: Callable[[], None]) -> None:
+        """Handle ``request`` again once the last withdrawal read has joined its batch."""
+        self._asked[-1].deferred.append(request)
+
+    # -- around each commit (called by the engine) -----------------------------
+
+    def committed(self, batch: Batch) -> None:
+        """``batch`` is durable: its withdrawals have taken effect, its chunk is rewritten."""
+        for w in batch.past:
+            log.info("%s", w)  # rare, and asked for: worth a line each
+            user = to_db(w.user_id)
+            if w.seqs:
+                self.rewrites.took_effect(user, w.erase, w.before_seq, w.seqs)
+            if w.erase:
+                self._user_rows.erased(user, w.before_seq)  # no trace in the next blocks
+                if not w.seqs:
+                    self._keys.erased(w.user_id, w.before_seq)
+        rewrite = batch.rewrite
+        if rewrite is not None:
+            self._keys.forget(rewrite.keys)
+            if rewrite.last:
+                erased = self.rewrites.rule(rewrite.user).erase_before
+                self._keys.erased(from_db(rewrite.user), erased)
+            job = self.rewrites.committed(rewrite)
+            if job is not None and job.seqs:
+                log.info(
+                    "user %d: %d rows %s in %d commits, the longest %.1f ms",
+                    from_db(job.user), len(job.seqs), "deleted" if job.erase else "unforwarded",
+                    job.commits, job.longest * 1e3,
+                )  # fmt: skip
+        self._settle(batch)
+
+    def failed(self, batches: tuple[Batch, ...]) -> None:
+        """``batches`` were refused: so is every withdrawal asked for while they were open."""
+        message = "storage unavailable: the batch this request was read in was refused"
+        for a in [a for a in self._asked if a.asked_in in batches]:
+            self._asked.remove(a)
+            self._refuse(a, message)
+        for batch in batches:
+            self._settle(batch)
+
+    def _settle(self, batch: Batch) -> None:
+        for w in batch.past:
+            settled = self._joined.pop(to_db(w.user_id), None)
+            if settled is not None and not settled.done():
+                settled.set_result(None)
+
+    # -- the surveys ------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self._resumed:
+            try:
+                await self._resume()
+            except StorageFailure as exc:
+                log.error("finding the rows of unfinished purges and erasures failed (%s)", exc)
+                await asyncio.sleep(RESUME_RETRY)  # a schedule, not a synchronisation
+        while self._asked:
+            head = to_db(self._asked[0].w.user_id)
+            if (ahead := self._joined.get(head)) is not None:
+                await asyncio.shield(ahead)  # it must be read through that one's rule
+                continue
+            group = self._group()
+            for a in group:
+                a.w.rule = self.rewrites.rule(to_db(a.w.user_id))
+            survey = functools.partial(
+                storage_past.survey, ws=[a.w for a in group], decay=self._decay(),
+                now_ns=self._clock(),
+            )  # fmt: skip
+            try:
+                surveys = await self._storage.read(survey)
+                batch = self._committer.writable()
+            except (StorageFailure, Unavailable) as exc:
+                for a in group:
+                    if a in self._asked:
+                        self._asked.remove(a)
+                        self._refuse(
+                            a, f"storage unavailable: {exc}; nothing of this request was saved"
+                        )
+                continue
+            for a, found in zip(group, surveys, strict=True):
+                if a not in self._asked:
+                    continue  # refused meanwhile, with the batch it was read in
+                self._asked.remove(a)
+                a.w.survey = found
+                self._joined[to_db(a.w.user_id)] = asyncio.get_running_loop().create_future()
+                a.join(batch)
+                batch.past.append(a.w)
+                batch.writes += 1
+                self._committer.ack(a.conn, a.msgid, a.reply)
+                for request in a.deferred:
+                    request()
+        self._task = None
+
+    def _group(self) -> list[Asked]:
+        """The withdrawals read first, up to ``SURVEY_GROUP`` of them, that one survey may
+        read together: of distinct users, none with a withdrawal not yet committed."""
+        group: list[Asked] = []
+        users: set[int] = set()
+        for a in self._asked:
+            user = to_db(a.w.user_id)
+            if user in users or user in self._joined or len(group) == SURVEY_GROUP:
+                break  # in order: a later one joins no batch before this one
+            users.add(user)
+            group.append(a)
+        return group
+
+    async def _resume(self) -> None:
+        """At boot: the rows the loaded rules still cover, to rewrite."""
+        for user, rule in list(self.rewrites.rules.items()):
+            tail = self._user_rows.recent(user, U64)
+            unwritten = functools.partial(storage_past.unwritten, user=user, rule=rule, tail=tail)
+            erase, purge = await self._storage.read(unwritten)
+            if erase:
+                self.rewrites.resume(user, True, erase)
+            if purge or not erase:
+                self.rewrites.resume(user, False, purge)
+            log.info(
+                "user %d: %d rows of a purge or erase still to rewrite",
+                from_db(user),
+                len(erase) + len(purge),
+            )
+        self._resumed = True
+
+    def _refuse(self, a: Asked, message: str) -> None:
+        a.conn.reply_error(a.msgid, ErrorCode.UNAVAILABLE, message)
+        a.conn.flush()
+        for request in a.deferred:
+            request()

@@ -1,0 +1,147 @@
+"""A purge's or erase's rows, rewritten after it took effect: what counts meanwhile, across a
+kill -9, and what is left in the file once they are all rewritten.
+
+``--rewrite-chunk 1`` makes each row a commit of its own, so that a few hundred rows take
+long enough to be caught midway.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from tidal.client import Client, Signal, Tally
+from tidal.server.core.rewrites import CHUNK, NO_RULE, Rewrites, Rule, reach
+
+from .conftest import Database, ServerProcess
+from .test_past import GOLD, as_dict, recompute
+
+pytestmark = pytest.mark.both_backends
+ROWS = 300  # user 7's
+
+
+async def seed(c: Client) -> None:
+    await c.define_cohort("gold", GOLD)
+    mine = [Signal(7, "song", "view", 1.0, ["x"], GOLD, key=f"k-{i}") for i in range(ROWS)]
+    for start in range(0, ROWS, 100):
+        await c.signal_batch(mine[start : start + 100])
+    await c.signal_batch([Signal(8, "song", "view", 2.0, ["x"], GOLD) for _ in range(5)])
+
+
+def only_user_8(counts: dict[str, object], ledger: Tally) -> None:
+    assert counts == {
+        "ledger": {"view": ledger},
+        "cohorts": {"gold": {"view": Tally(5, 10.0)}},
+        "communities": {"x": {"view": Tally(5, 10.0)}},
+    }
+
+
+async def rule_of(database: Database, user: int) -> list[tuple[int, int]]:
+    return [
+        tuple(row)
+        for row in await database.rows(
+            "SELECT purge_before, erase_before FROM rewrites WHERE user_id = ?", user
+        )
+    ]
+
+
+async def test_a_purge_counts_at_once_its_rows_are_rewritten_later_and_a_kill_9_resumes(
+    database: Database,
+) -> None:
+    process = ServerProcess(database.target, "--rewrite-chunk", "1")
+    await process.start()
+    async with await process.connect() as c:
+        await seed(c)
+        assert (await c.purge(7)).signals == ROWS
+        only_user_8(as_dict(await c.counts("song")), Tally(ROWS + 5, ROWS + 10.0))
+        assert (await c.stats())["ledger_rewriting"] > 0  # a row a commit: hundreds to go
+        # the file, read through its rule, says what the server counts, midway
+        assert await recompute(database, "song") == as_dict(await c.counts("song"))
+    await process.kill9()
+    assert await rule_of(database, 7), "every row was rewritten before the kill: nothing resumed"
+    unflipped = await database.rows(
+        "SELECT COUNT(*) FROM ledger WHERE user_id = 7 AND forwarded = 1"
+    )
+    assert 0 < unflipped[0][0] < ROWS
+
+    await process.start()
+    async with await process.connect() as c:
+        only_user_8(as_dict(await c.counts("song")), Tally(ROWS + 5, ROWS + 10.0))
+        assert (await c.purge(7)).signals == 0  # its rows count as purged, rewritten or not
+        assert (await c.erase(7)).signals == ROWS  # the ledger layer is all that was left
+        only_user_8(as_dict(await c.counts("song")), Tally(5, 10.0))
+        assert await recompute(database, "song") == as_dict(await c.counts("song"))
+        again = await c.signal(7, "song", "view", key="k-3")  # an erased signal's key
+        assert again.seq > ROWS + 5 and not again.forwarded  # a new row; 7 is Left
+    assert await process.stop() == 0  # a graceful stop rewrites what is left
+
+    assert await rule_of(database, 7) == []
+    rows = await database.rows("SELECT seq FROM ledger WHERE user_id = 7")
+    assert rows == [(again.seq,)]  # only the signal after the erase
+    keys = await database.rows("SELECT key, seq FROM signal_keys WHERE key LIKE 'k-%'")
+    assert keys == [("k-3", again.seq)]
+    listed = array("q")
+    for (block,) in await database.rows("SELECT users FROM ledger_users"):
+        listed.frombytes(block)
+    assert listed.count(7) <= 1  # no trace of the erased rows; the new one may be listed
+
+
+async def test_an_erase_midway_resumes_after_kill_9_and_forgets_its_keys(
+    database: Database,
+) -> None:
+    process = ServerProcess(database.target, "--rewrite-chunk", "1")
+    await process.start()
+    async with await process.connect() as c:
+        await seed(c)
+        erased = await c.erase(7)
+        assert erased.signals == ROWS
+        retry = await c.signal(7, "song", "view", key="k-1")  # forgotten from the erase on
+        assert retry.seq == ROWS + 6 and not retry.forwarded
+        only_user_8(as_dict(await c.counts("song")), Tally(6, 11.0))
+    await process.kill9()
+    assert await rule_of(database, 7) == [(0, erased_before := ROWS + 6)]
+    left = (await database.rows("SELECT COUNT(*) FROM ledger WHERE user_id = 7"))[0][0]
+    assert 1 < left <= ROWS + 1, "every row was deleted before the kill: nothing resumed"
+
+    await process.start()
+    async with await process.connect() as c:
+        only_user_8(as_dict(await c.counts("song")), Tally(6, 11.0))
+        assert await recompute(database, "song") == as_dict(await c.counts("song"))
+        # a key of a row still in the file, after boot: forgotten too
+        late = await c.signal(7, "song", "view", key="k-299")
+        assert late.seq == erased_before + 1
+    assert await process.stop() == 0
+    assert await rule_of(database, 7) == []
+    seqs = [seq for (seq,) in await database.rows("SELECT seq FROM ledger WHERE user_id = 7")]
+    assert sorted(seqs) == [retry.seq, late.seq]
+
+
+def test_a_rule_goes_with_the_last_chunk_of_its_user_and_not_before() -> None:
+    """Sans I/O: chunks in order, and a rule kept while the user has more to rewrite or a
+    withdrawal in the same commit."""
+    rewrites = Rewrites({}, chunk=2)
+    rewrites.took_effect(7, False, 10, [1, 3, 5])
+    rewrites.took_effect(8, True, 10, [2])
+    assert rewrites.rules == {7: Rule(10, 0), 8: Rule(0, 10)}
+    first = rewrites.chunk(set())
+    assert first is not None and (first.user, first.seqs, first.last) == (7, [1, 3], False)
+    rewrites.committed(first)
+    second = rewrites.chunk({7})  # a withdrawal of 7 in the same commit writes its rule anew
+    assert second is not None and (second.seqs, second.last) == ([5], False)
+    rewrites.committed(second)
+    assert 7 in rewrites.rules and rewrites.pending() == 1
+    third = rewrites.chunk(set())
+    assert third is not None and (third.user, third.last) == (8, True)
+    rewrites.committed(third)
+    assert 8 not in rewrites.rules
+    clearing = rewrites.chunk(set())  # 7's rule, with nothing left to rewrite
+    assert clearing is not None and (clearing.user, clearing.seqs, clearing.last) == (7, [], True)
+    rewrites.committed(clearing)
+    assert rewrites.rules == {} and not rewrites.busy() and CHUNK > 1
+
+
+def test_the_rule_a_row_is_read_through() -> None:
+    rule = NO_RULE.wider(False, 10).wider(True, 5)
+    assert [reach(rule, seq, 1) for seq in (4, 5, 9, 10)] == [-1, 0, 0, 1]
+    assert reach(rule, 12, 0) == 0
