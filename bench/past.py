@@ -114,6 +114,11 @@ def past_figures(scale: float = 1.0) -> dict[str, Any]:
                         assert done.signals == rows // 100, done
                 loading.join()
                 out["signals_during"] = result
+                with SyncClient("127.0.0.1", server.port, timeout=60) as c:
+                    while c.stats()[
+                        "ledger_rewriting"
+                    ]:  # the rows still to rewrite, logged once done
+                        time.sleep(0.1)
                 log = "".join(server.log)
                 for method, rows_went in (("purge", "unforwarded"), ("erase", "deleted")):
                     ms = [float(m) for m in re.findall(rf"{method}d \(([\d.]+) ms\)", log)]

@@ -16,7 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tidal.client import Client, Unavailable
+from tidal.client import Client, Tally, Unavailable
 from tidal.testing.postgres import PASSWORD, Cluster
 
 from .conftest import Database, ServerProcess
@@ -154,6 +154,38 @@ async def test_the_database_stopped_under_load_then_back(
     missing = {seq: user for seq, user in acked.items() if rows.get(seq) != user}
     assert not missing, f"{len(missing)} acknowledged signals lost, e.g. {list(missing)[:5]}"
     assert all("storage unavailable" in e for e in errors), errors[:3]
+
+
+async def test_a_purge_while_the_database_is_away_is_refused_then_goes_through_whole(
+    pg_cluster: Cluster, database: Database
+) -> None:
+    """Its survey cannot read: error 2 at once, nothing withdrawn; once the database is
+    back, the same purge withdraws everything, read through a new reader session."""
+    process = await ServerProcess(database.target).start()
+    try:
+        async with await process.connect() as c:
+            for _ in range(3):
+                await c.signal(1, "e", "view", communities=["c"])
+            assert (await c.purge(2)).signals == 0  # the reader session is open
+            await asyncio.to_thread(pg_cluster.stop, "fast")
+            try:
+                with pytest.raises(Unavailable, match="storage unavailable"):
+                    await c.purge(1)
+            finally:
+                await asyncio.to_thread(pg_cluster.start)
+            assert (await c.counts("e")).communities == {"c": {"view": Tally(3, 3.0)}}
+            for _ in range(100):  # a client's retries, while the writer's backoff runs out
+                try:
+                    purged = await c.purge(1)
+                    break
+                except Unavailable:
+                    await asyncio.sleep(0.05)  # a client's pace, not a synchronisation
+            else:
+                pytest.fail("the purge was still refused 5 s after the database came back")
+            assert purged.signals == 3
+            assert (await c.counts("e")).communities == {}
+    finally:
+        assert await process.stop() == 0
 
 
 # -- a COMMIT whose answer is lost ---------------------------------------------------------

@@ -18,8 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
-#: rows per commit, by default: 256 scattered rows rewrite and commit in about 10 ms here
-CHUNK: Final = 256
+#: rows per commit, by default: 64 scattered rows rewrite in a few ms here (256: about 10)
+CHUNK: Final = 64
 
 GONE: Final = -1  # ``reach`` of a row an erase took
 
