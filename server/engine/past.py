@@ -155,6 +155,19 @@ class Past:
     # -- the surveys ------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._survey()
+        except Exception:  # a bug: what was asked is refused, and the next ask starts afresh
+            log.exception("surveying purges and erasures failed")
+            while self._asked:
+                self._refuse(
+                    self._asked.popleft(), "internal error finding the user's rows",
+                    ErrorCode.INTERNAL_ERROR,
+                )  # fmt: skip
+        finally:
+            self._task = None
+
+    async def _survey(self) -> None:
         while not self._resumed:
             try:
                 await self._resume()
@@ -196,7 +209,6 @@ class Past:
                 self._committer.ack(a.conn, a.msgid, a.reply)
                 for request in a.deferred:
                     request()
-        self._task = None
 
     def _group(self) -> list[Asked]:
         """The withdrawals read first, up to ``SURVEY_GROUP`` of them, that one survey may
@@ -228,8 +240,8 @@ class Past:
             )
         self._resumed = True
 
-    def _refuse(self, a: Asked, message: str) -> None:
-        a.conn.reply_error(a.msgid, ErrorCode.UNAVAILABLE, message)
+    def _refuse(self, a: Asked, message: str, code: int = ErrorCode.UNAVAILABLE) -> None:
+        a.conn.reply_error(a.msgid, code, message)
         a.conn.flush()
         for request in a.deferred:
             request()
