@@ -140,6 +140,14 @@ ADD_META: Final = (
     " ON CONFLICT (key) DO UPDATE SET value = meta.value + excluded.value"
 )
 WATERMARK: Final = "SELECT value FROM meta WHERE key = 'aggregates_seq'"
+#: the ledger as it counts: through the rules of withdrawals whose rows are not all
+#: rewritten yet (``core.rewrites``), in both schemas
+LEDGER_COUNTED: Final = """CREATE VIEW ledger_counted AS
+    SELECT l.seq, l.user_id, l.entity, l.kind, l.weight, l.ts_ns,
+        CASE WHEN l.seq < r.purge_before THEN 0 ELSE l.forwarded END AS forwarded,
+        l.context, l.at_ns
+    FROM ledger l LEFT JOIN rewrites r ON r.user_id = l.user_id
+    WHERE r.erase_before IS NULL OR l.seq >= r.erase_before"""
 
 
 def put_guarded(

@@ -14,6 +14,7 @@ from typing import Final
 import asyncpg
 
 from tidal.server.errors import DatabaseUnusable
+from tidal.server.storage.sqlbulk import LEDGER_COUNTED
 
 log = logging.getLogger("tidal.storage")
 
@@ -126,13 +127,7 @@ MIGRATIONS: Final[list[list[str]]] = [
             purge_before BIGINT NOT NULL,
             erase_before BIGINT NOT NULL
         )""",
-        # the ledger as it counts, for whoever reads the database: through those rules
-        """CREATE VIEW ledger_counted AS
-            SELECT l.seq, l.user_id, l.entity, l.kind, l.weight, l.ts_ns,
-                CASE WHEN l.seq < r.purge_before THEN 0 ELSE l.forwarded END AS forwarded,
-                l.context, l.at_ns
-            FROM ledger l LEFT JOIN rewrites r ON r.user_id = l.user_id
-            WHERE r.erase_before IS NULL OR l.seq >= r.erase_before""",
+        LEDGER_COUNTED,  # the ledger as it counts, for whoever reads the database
     ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
