@@ -128,6 +128,9 @@ def load(
     last_event_id, last_feed_ns = yield from events.last(int(meta.get("last_event_id", 0)))
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
     kept = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
+    if any(rule.erase_before for rule in rules.values()):  # rows that count as gone already
+        ((erased,),) = yield Rows(_ERASED_UNDELETED)
+        kept -= erased
     next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
     return Snapshot(
         left,
@@ -149,6 +152,12 @@ def load(
 
 
 _ROWS: Final = "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns)"
+
+
+_ERASED_UNDELETED: Final = (
+    "SELECT COUNT(*) FROM ledger l JOIN rewrites r ON r.user_id = l.user_id"
+    " WHERE l.seq < r.erase_before"
+)
 
 
 def _read_rows(where: str, args: tuple[Any, ...], rules: dict[int, Rule]) -> Plan[list[Any]]:
