@@ -24,7 +24,7 @@ from tidal.server.core.ledger import COMMUNITY
 from tidal.server.core.sums import aggregate_rows, bucket_rows
 from tidal.server.core.tallies import Contribution
 from tidal.server.core.windows import HOUR_NS, MINUTE_NS
-from tidal.server.storage import buckets, plans
+from tidal.server.storage import boot, buckets
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import SQLITE, Begin, Commit, Plan
 from tidal.server.storage.sqlite.runner import run
@@ -47,7 +47,7 @@ def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 
 
 def load(db: sqlite3.Connection, now: int) -> Snapshot:
-    return run(db, plans.load(SQLITE, 0, 10, HALF_LIVES, now))
+    return run(db, boot.load(SQLITE, 0, 10, HALF_LIVES, now))
 
 
 def rebuilt(db: sqlite3.Connection, now: int, cohorts: set[int]) -> tuple[Board, Shelf]:

@@ -27,7 +27,7 @@ import asyncpg
 from tidal.server.config import Durability, redact
 from tidal.server.core.batch import Batch
 from tidal.server.errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
-from tidal.server.storage import plans
+from tidal.server.storage import boot, plans
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
@@ -123,7 +123,7 @@ class PgStorage:
         assert self._writer is not None
         try:
             # boot reads the whole state: no statement timeout (TCP still notices a dead network)
-            load = plans.load(POSTGRES, keys_since_ns, max_keys, half_lives, now_ns)
+            load = boot.load(POSTGRES, keys_since_ns, max_keys, half_lives, now_ns)
             snapshot = await run(self._writer, self._ids, load, timeout=None)
             self._ids.last_id = await self._writer.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
         except (asyncpg.PostgresError, *LOST) as exc:  # at boot: one line, no traceback

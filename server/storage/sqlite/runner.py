@@ -24,7 +24,7 @@ import aiosqlite
 from tidal.server.config import Durability
 from tidal.server.core.batch import Batch
 from tidal.server.errors import StorageFailure
-from tidal.server.storage import plans
+from tidal.server.storage import boot, plans
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import (
     SQLITE,
@@ -111,7 +111,7 @@ class SqliteStorage:
     async def load(
         self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
     ) -> Snapshot:
-        load = plans.load(SQLITE, keys_since_ns, max_keys, half_lives, now_ns)
+        load = boot.load(SQLITE, keys_since_ns, max_keys, half_lives, now_ns)
         return await self._db.run(lambda db: run(db, load))
 
     async def commit(self, batch: Batch) -> None:
