@@ -153,7 +153,7 @@ def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
         by_block: dict[int, list[int]] = {}
         for seq in r.seqs:
             by_block.setdefault(userrows.block_of(seq), []).append(seq)
-        in_firsts = d.in_seqs.replace("seq", "first_seq", 1)
+        in_firsts = d.among("first_seq")
         for first, block in (
             yield Rows(_BLOCKS + f" WHERE {in_firsts}", (d.seqs(list(by_block)),))
         ):

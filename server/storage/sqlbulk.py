@@ -107,18 +107,26 @@ Plan: TypeAlias = Generator[Op, Any, T]
 
 @dataclass(frozen=True, slots=True)
 class Dialect:
-    """What the two backends spell differently in a plan: a list of seqs given as one
+    """What the two backends spell differently in a plan: a list of integers given as one
     argument (SQLite: a JSON array read by ``json_each``; PostgreSQL: an array)."""
 
-    in_seqs: str  # "seq IN ..." with one placeholder
+    in_list: str  # "{column} IN ..." with one placeholder
     json_seqs: bool
+
+    def among(self, column: str) -> str:
+        """``column`` is one of the list given as the placeholder's argument (``seqs``)."""
+        return self.in_list.format(column=column)
+
+    @property
+    def in_seqs(self) -> str:
+        return self.among("seq")
 
     def seqs(self, seqs: list[int]) -> Any:
         return "[" + ",".join(map(str, seqs)) + "]" if self.json_seqs else seqs
 
 
-SQLITE: Final = Dialect("seq IN (SELECT value FROM json_each(?))", json_seqs=True)
-POSTGRES: Final = Dialect("seq = ANY(?::bigint[])", json_seqs=False)
+SQLITE: Final = Dialect("{column} IN (SELECT value FROM json_each(?))", json_seqs=True)
+POSTGRES: Final = Dialect("{column} = ANY(?::bigint[])", json_seqs=False)
 
 # -- statements both run as written ----------------------------------------
 
