@@ -255,7 +255,10 @@ class Engine:
             )
         context = ledger.context(communities, attrs, cohorts)
         db_user = user_id - U64 if user_id > I64_MAX else user_id  # to_db, inline: per signal
-        batch.ledger.append((seq, db_user, entity, kind, weight, now_ns, forwarded, context, at_ns))
+        batch.ledger.append(
+            (seq, db_user, entity, kind, weight, now_ns, 1 if forwarded else 0, context,
+             ledger.NOT_GIVEN if at_ns is None else at_ns)
+        )  # fmt: skip
         if key is not None:
             self.keys.remember(batch, key, (seq, forwarded, now_ns))
         batch.signals += 1

@@ -12,7 +12,7 @@ from typing import Final
 
 import msgpack
 
-from tidal.server.core import past
+from tidal.server.core import ledger, past
 from tidal.server.core.batch import Batch
 
 from . import buckets, events
@@ -38,6 +38,7 @@ log = logging.getLogger("tidal.storage")
 LEDGER: Final = Bulk(
     "INSERT INTO ledger (seq, user_id, entity, kind, weight, ts_ns, forwarded, context, at_ns)",
     ("bigint", "bigint", "text", "text", "float8", "bigint", "smallint", "bytea", "bigint"),
+    values=("?", "?", "?", "?", "?", "?", "?", "?", f"NULLIF(?, {ledger.NOT_GIVEN})"),
 )
 _MEMBERSHIPS: Final = Bulk(
     'INSERT INTO memberships (user_id, "left", left_at_ns)',

@@ -31,6 +31,8 @@ class Bulk(NamedTuple):
     head: str
     types: tuple[str, ...]
     tail: str = ""
+    #: what each column stores, ``?`` standing for its value, where not the value itself
+    values: tuple[str, ...] = ()
 
 
 # -- what a plan yields; each is answered with its result -------------------

@@ -74,7 +74,11 @@ def numbered(sql: str) -> str:
 def unnest(bulk: Bulk) -> str:
     """Many rows in one statement: one array per column, unnested side by side."""
     arrays = ", ".join(f"${i}::{kind}[]" for i, kind in enumerate(bulk.types, 1))
-    return f"{bulk.head} SELECT * FROM unnest({arrays}){bulk.tail}"
+    if not bulk.values:
+        return f"{bulk.head} SELECT * FROM unnest({arrays}){bulk.tail}"
+    names = [f"c{i}" for i in range(1, len(bulk.types) + 1)]
+    select = ", ".join(v.replace("?", name) for v, name in zip(bulk.values, names, strict=True))
+    return f"{bulk.head} SELECT {select} FROM unnest({arrays}) AS t({', '.join(names)}){bulk.tail}"
 
 
 def why(exc: BaseException) -> str:

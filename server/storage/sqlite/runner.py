@@ -253,5 +253,5 @@ def _write_all(db: sqlite3.Connection, bulk: Bulk, rows: Sequence[tuple[Any, ...
 
 @functools.lru_cache(maxsize=128)
 def _statement(bulk: Bulk, rows: int) -> str:
-    row = "(" + ", ".join("?" * len(bulk.types)) + ")"
+    row = "(" + ", ".join(bulk.values or "?" * len(bulk.types)) + ")"
     return bulk.head + " VALUES " + ", ".join([row] * rows) + bulk.tail
