@@ -73,12 +73,20 @@ class Board:
         minute = self.minute
         decay = self.decay
         index = self.by_entity
+        last_at = -1
+        m = bits = 0
+        unit: list[float] = []
         for entity, kind, sign, weight, at_ns, cohorts, communities, ledger_too in rows:
-            m = at_ns // MINUTE_NS
-            bits = (
-                windows.ALL_WINDOWS if m > minute - 60 else windows.mask(at_ns, minute, self.hour)
-            )
-            factors = [weight * windows.decay_factor(at_ns, base, hl) for hl, base in decay]
+            if at_ns != last_at:  # a batch's signals share their time: worked out once
+                last_at = at_ns
+                m = at_ns // MINUTE_NS
+                bits = (
+                    windows.ALL_WINDOWS
+                    if m > minute - 60
+                    else windows.mask(at_ns, minute, self.hour)
+                )
+                unit = [windows.decay_factor(at_ns, base, hl) for hl, base in decay]
+            factors = unit if weight == 1.0 else [weight * f for f in unit]
             kinds = index.get(entity)
             if kinds is None:
                 if sign < 0:
