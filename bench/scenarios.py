@@ -120,6 +120,10 @@ def one_round(
             extra[f"tidal {durability} batch 1000 (4x4)"] = tidal_bench(
                 srv, 4, 4, batches, workload="batch"
             )
+    with tidal_server("full") as srv:
+        extra["tidal full batch 1000, compact ack (4x4)"] = tidal_bench(
+            srv, 4, 4, batches, workload="batch_compact"
+        )
     for fsync in ("always", "everysec"):
         with redis_server(fsync) as red:
             extra[f"redis {fsync} pipeline 1000 (4x4)"] = redis_run(

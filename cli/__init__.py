@@ -109,8 +109,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         "--workload",
         choices=WORKLOADS,
         default="signal",
-        help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin; top, top_window (24h) and"
-        " top_trend: the top 10 of community c0 (default signal)",
+        help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin; batch_compact: signal_batch"
+        " with the compact ack; top, top_window (24h) and top_trend: the top 10 of"
+        " community c0 (default signal)",
     )
     bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
     bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")

@@ -23,7 +23,7 @@ from typing import Any, cast
 import msgpack
 
 from . import resp as resp_wire
-from .workload import WORKLOADS, BenchConfig, requests
+from .workload import BATCHES, WORKLOADS, BenchConfig, requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +181,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
 
     auth = packer.pack([0, -1, "auth", [cfg.token]]) if cfg.token else b""
     sha = cfg.redis_sha
-    replies = cfg.batch_size if cfg.workload == "batch" else 1
+    replies = cfg.batch_size if cfg.workload in BATCHES else 1
     for count in per_client:
         queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
         for i, (method, params) in enumerate(requests(cfg, rng, count)):
@@ -218,7 +218,11 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     if lost:
         raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
     latencies.sort()
-    signals_per_request = {"signal": 1, "batch": cfg.batch_size, "mixed": 0.95}.get(cfg.workload, 0)
+    signals_per_request = (
+        cfg.batch_size
+        if cfg.workload in BATCHES
+        else {"signal": 1, "mixed": 0.95}.get(cfg.workload, 0)
+    )
     signals = int(cfg.requests * signals_per_request)
     server_cpu_us = round(cpu / (signals or cfg.requests) * 1e6, 2) if cfg.server_pid else None
     return BenchResult(

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 Workload = Literal[
-    "signal", "batch", "leave", "status", "mixed", "counts", "top", "top_window", "top_trend"
-]
+    "signal", "batch", "batch_compact", "leave", "status", "mixed", "counts", "top",
+    "top_window", "top_trend",
+]  # fmt: skip
 WORKLOADS: Final = (
-    "signal", "batch", "leave", "status", "mixed", "counts", "top", "top_window", "top_trend"
+    "signal", "batch", "batch_compact", "leave", "status", "mixed", "counts", "top",
+    "top_window", "top_trend",
 )  # fmt: skip
+BATCHES: Final = ("batch", "batch_compact")  # batch_compact: signal_batch's compact ack
 #: what the top workloads read: community c0 (signals name c{user % 16}), view
 TOP_OPTIONS: Final = {"top": {}, "top_window": {"window": "24h"}, "top_trend": {"by": "trend"}}
 COUNTRIES: Final = ("DE", "FR", "US", "JP")
@@ -55,6 +58,9 @@ def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]
             out.append(["signal", signal_params()])
         elif cfg.workload == "batch":
             out.append(["signal_batch", [[signal_params() for _ in range(cfg.batch_size)]]])
+        elif cfg.workload == "batch_compact":
+            items = [signal_params() for _ in range(cfg.batch_size)]
+            out.append(["signal_batch", [items, {"ack": "compact"}]])
         elif cfg.workload == "status":
             out.append(["status", [rng.randrange(cfg.users)]])
         elif cfg.workload == "counts":

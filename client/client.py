@@ -208,7 +208,7 @@ class Client:
 
     async def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
         call = requests.signal_batch(signals, self._auto_keys)
-        return [SignalAck.from_wire(a) for a in await self._send(call)]
+        return SignalAck.from_compact(await self._send(call), len(call.params[0]))
 
     async def leave(self, user_id: int, *, purge: bool = False) -> Membership:
         """With ``purge``, the user's past leaves the cohorts and communities in the same

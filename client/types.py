@@ -18,6 +18,22 @@ class SignalAck:
     def from_wire(cls, value: dict[str, Any]) -> SignalAck:
         return cls(value["seq"], value["forwarded"])
 
+    @classmethod
+    def from_compact(cls, value: dict[str, Any], count: int) -> list[SignalAck]:
+        """``signal_batch``'s compact acknowledgement (PROTOCOL.md), one per signal."""
+        bits: bytes = value["forwarded"]
+        repeated: dict[int, int] = value["repeated"]
+        seq = value["first_seq"]
+        out = []
+        for i in range(count):
+            forwarded = bool(bits[i >> 3] >> (i & 7) & 1)
+            if i in repeated:
+                out.append(cls(repeated[i], forwarded))
+            else:
+                out.append(cls(seq, forwarded))
+                seq += 1
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class Membership:

@@ -137,7 +137,7 @@ async def test_client_refuses_user_ids_msgpack_cannot_carry(client: Client) -> N
 @pytest.mark.parametrize(
     ("method", "params", "fragment"),
     [
-        ("signal_batch", [], "signal_batch takes 1 params"),
+        ("signal_batch", [], "signal_batch takes 1 to 2 params (signals, options={})"),
         ("signal_batch", [[]], "signals: must hold 1..10000 signals, got 0"),
         ("signal_batch", [{"a": 1}], "signals: must be an array"),
         ("signal_batch", [[[1, "e", "k"], 5]], "signals[1]: must be an array"),
@@ -187,6 +187,23 @@ async def test_a_batch_with_one_bad_item_applies_nothing(peer: RawPeer, client: 
     batch = [[1, "atomic", "view"]] * 50 + [[1, "atomic", "view", "x"]]
     await expect_error(peer, ErrorCode.INVALID_PARAMS, "signals[50].weight", "signal_batch", batch)
     assert (await client.counts("atomic")).ledger == {}
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"ack": "tiny"}, "options.ack: must be 'compact' or 'full', got str"),
+        ({"ack": True}, "options.ack: must be 'compact' or 'full', got bool"),
+        ({"acks": "compact"}, "options: unknown key 'acks'; the only key is 'ack'"),
+        (["compact"], "options: must be a map, got list"),
+    ],
+)
+async def test_a_batch_with_bad_options_applies_nothing(
+    peer: RawPeer, client: Client, options: object, fragment: str
+) -> None:
+    batch = [[1, "optioned", "view"]] * 3
+    await expect_error(peer, ErrorCode.INVALID_PARAMS, fragment, "signal_batch", batch, options)
+    assert (await client.counts("optioned")).ledger == {}
 
 
 async def test_unknown_method_is_named(peer: RawPeer) -> None:

@@ -55,6 +55,40 @@ async def test_signal_batch_is_one_durable_unit_in_order(client: Client) -> None
     assert counts.communities["rock"]["play"].count == 1
 
 
+async def test_a_compact_ack_says_what_the_full_one_says(client: Client) -> None:
+    """Repeats (a key seen before) take no new seq: the compact ack names them, and the
+    others count on from first_seq, whatever the mix of left and active users."""
+    await client.leave(5)
+    first = await client.call(
+        "signal_batch",
+        [[1, "tune", "view", 1.0, {"id": "k-a"}], [5, "tune", "view", 1.0, {"id": "k-b"}]],
+    )
+    items = [[u, "tune", "view", 1.0, {"id": f"k-{u}"}] for u in range(2, 12)]
+    items[3] = [5, "tune", "view", 1.0, {"id": "k-b"}]  # a repeat, gated when first sent
+    items[7] = [1, "tune", "view", 1.0, {"id": "k-a"}]  # a repeat, forwarded
+    full = await client.call("signal_batch", items[:5])  # the first five, full acks
+    compact = await client.call("signal_batch", items, {"ack": "compact"})
+    assert set(compact) == {"first_seq", "forwarded", "repeated"}
+    # items 0..2 and 4 were sent in the full batch just before, with the same keys
+    assert compact["repeated"] == {
+        0: full[0]["seq"], 1: full[1]["seq"], 2: full[2]["seq"], 3: first[1]["seq"],
+        4: full[4]["seq"], 7: first[0]["seq"],
+    }  # fmt: skip
+    assert compact["first_seq"] == full[4]["seq"] + 1
+    forwarded = [bool(compact["forwarded"][i // 8] >> (i % 8) & 1) for i in range(10)]
+    assert forwarded == [u != 5 for u, *_ in items]
+    assert len(compact["forwarded"]) == 2  # ten bits
+    # the bundled client asks for the compact ack and gives one SignalAck per signal
+    acks = await client.signal_batch(
+        [Signal(5, "tune", "like"), Signal(1, "tune", "view", key="k-a"), Signal(6, "tune", "like")]
+    )
+    seq = compact["first_seq"] + 4  # items 5, 6, 8 and 9 were new in the compact batch
+    assert [(a.seq, a.forwarded) for a in acks] == [
+        (seq, False), (first[0]["seq"], True), (seq + 1, True),
+    ]  # fmt: skip
+    assert (await client.counts("tune")).ledger["like"].count == 2
+
+
 async def test_errors_are_raised_by_code(client: Client) -> None:
     with pytest.raises(InvalidParams, match=r"entity: must be 1\.\.256 bytes") as info:
         await client.signal(1, "", "view")

@@ -167,8 +167,10 @@ def _attrs(value: object, where: str) -> dict[str, Scalar]:
     return out
 
 
-def signal_batch(params: list[Any]) -> list[SignalArgs]:
-    arity(params, "signal_batch", "signals", 1, 1)
+def signal_batch(params: list[Any]) -> tuple[list[SignalArgs], bool]:
+    """The signals, and whether the caller asked for the compact acknowledgement."""
+    arity(params, "signal_batch", "signals, options={}", 1, 2)
+    compact = _batch_options(params[1]) if len(params) == 2 else False
     items = params[0]
     if type(items) is not list:
         raise InvalidParams(f"signals: must be an array of signals, got {describe(items)}")
@@ -197,4 +199,38 @@ def signal_batch(params: list[Any]) -> list[SignalArgs]:
                     f" in all per request; signals[..{i}] carry {attrs} and {communities}:"
                     " send fewer signals per batch"
                 )
-    return out
+    return out, compact
+
+
+def _batch_options(value: object) -> bool:
+    """``{"ack": "compact"}`` or ``{"ack": "full"}`` (the default)."""
+    if value is None:
+        return False
+    if type(value) is not dict:
+        raise InvalidParams(f"options: must be a map, got {describe(value)}")
+    compact = False
+    for raw_key, item in value.items():
+        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+        if key != "ack":
+            raise InvalidParams(f"options: unknown key {key!r}; the only key is 'ack'")
+        if item not in ("compact", "full") or type(item) is not str:
+            raise InvalidParams(f"options.ack: must be 'compact' or 'full', got {describe(item)}")
+        compact = item == "compact"
+    return compact
+
+
+def compact_acks(acks: list[tuple[int, bool]], first_seq: int) -> dict[str, Any]:
+    """A batch's acknowledgements in a few bytes, not a map per signal: the signals that are
+    not repeats took consecutive seqs from ``first_seq`` on, in order, so only the repeats
+    (a key seen before) need theirs, and ``forwarded`` is one bit per signal."""
+    bits = bytearray((len(acks) + 7) // 8)
+    repeated: dict[int, int] = {}
+    expected = first_seq
+    for i, (seq, forwarded) in enumerate(acks):
+        if forwarded:
+            bits[i >> 3] |= 1 << (i & 7)
+        if seq == expected:
+            expected += 1
+        else:
+            repeated[i] = seq
+    return {"first_seq": first_seq, "forwarded": bytes(bits), "repeated": repeated}

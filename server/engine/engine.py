@@ -33,7 +33,7 @@ from tidal.server.core.members import Members
 from tidal.server.core.replies import Replier
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.rewrites import Rewrites
-from tidal.server.core.signals import SignalArgs, signal_batch, single_signal
+from tidal.server.core.signals import SignalArgs, compact_acks, signal_batch, single_signal
 from tidal.server.core.userrows import UserRows
 from tidal.server.core.windows import AHEAD_NS
 from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
@@ -201,42 +201,48 @@ class Engine:
         now = self._clock()
         if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
             _ahead("context.at_ns", s.at_ns, now)
-        self.committer.ack(conn, msgid, self._record(batch, s, now))
+        seq, forwarded = self._record(batch, s, now)
+        self.committer.ack(conn, msgid, {"seq": seq, "forwarded": forwarded})
 
     def _signal_batch(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        signals = signal_batch(args)  # all valid, or none applied
+        signals, compact = signal_batch(args)  # all valid, or none applied
         batch = self.committer.writable()
         now = self._clock()
         for i, s in enumerate(signals):
             if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
                 _ahead(f"signals[{i}].context.at_ns", s.at_ns, now)
         record = self._record
+        first_seq = self._next_seq
         if not self.cohorts:  # fan-out is the communities named, bounded by params
-            self.committer.ack(conn, msgid, [record(batch, s, now) for s in signals])
-            return
-        # matched first, to bound the request's fan-out before any of it is applied
-        is_left = self.members.is_left
-        match = self.cohorts.match
-        matched = [() if is_left(s.user_id) else match(s.attrs) for s in signals]
-        fanout = sum(len(s.communities) + len(m) for s, m in zip(signals, matched, strict=True))
-        if fanout > MAX_FANOUT:
-            raise InvalidParams(
-                f"signals: this batch adds to {fanout} aggregates (communities named and"
-                f" cohorts matched, per signal); at most {MAX_FANOUT} per request: send"
-                " fewer signals per batch"
-            )
-        acks = [record(batch, s, now, m) for s, m in zip(signals, matched, strict=True)]
-        self.committer.ack(conn, msgid, acks)
+            acks = [record(batch, s, now) for s in signals]
+        else:
+            # matched first, to bound the request's fan-out before any of it is applied
+            is_left = self.members.is_left
+            match = self.cohorts.match
+            matched = [() if is_left(s.user_id) else match(s.attrs) for s in signals]
+            fanout = sum(len(s.communities) + len(m) for s, m in zip(signals, matched, strict=True))
+            if fanout > MAX_FANOUT:
+                raise InvalidParams(
+                    f"signals: this batch adds to {fanout} aggregates (communities named and"
+                    f" cohorts matched, per signal); at most {MAX_FANOUT} per request: send"
+                    " fewer signals per batch"
+                )
+            acks = [record(batch, s, now, m) for s, m in zip(signals, matched, strict=True)]
+        if compact:
+            self.committer.ack(conn, msgid, compact_acks(acks, first_seq))
+        else:
+            self.committer.ack(conn, msgid, [{"seq": q, "forwarded": f} for q, f in acks])
 
     def _record(
         self, batch: Batch, s: SignalArgs, now_ns: int, matched: tuple[int, ...] | None = None
-    ) -> dict[str, Any]:
-        """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O."""
+    ) -> tuple[int, bool]:
+        """The signal path: a dict lookup for the gate, then memory only; the batch does the I/O.
+        Its seq, and whether it was forwarded."""
         user_id, entity, kind, weight, communities, attrs, key, at_ns = s
         if key is not None:
             seen = self.keys.seen(key, now_ns, user_id)
             if seen is not None:
-                return {"seq": seen[0], "forwarded": seen[1]}  # a retry: counted once
+                return seen[0], seen[1]  # a retry: counted once
         seq = self._next_seq
         self._next_seq = seq + 1
         forwarded = not self.members.is_left(user_id)  # the gate
@@ -263,7 +269,7 @@ class Engine:
             self.keys.remember(batch, key, (seq, forwarded, now_ns))
         batch.signals += 1
         batch.writes += 1
-        return {"seq": seq, "forwarded": forwarded}
+        return seq, forwarded
 
     # -- around each commit (the committer's Steps) -----------------------
 
