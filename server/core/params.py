@@ -9,7 +9,8 @@ Strings arrive as msgpack str or bin; both are accepted as UTF-8 text.
 from __future__ import annotations
 
 import math
-from typing import Any, Final, TypeAlias
+from collections.abc import Callable
+from typing import Any, Final, TypeAlias, TypeVar
 
 import msgpack
 
@@ -26,6 +27,8 @@ from tidal.protocol.limits import (
     WEIGHT_MAX,
 )
 from tidal.server.errors import InvalidParams
+
+T = TypeVar("T")
 
 Scalar: TypeAlias = str | int | float | bool
 #: attribute -> the value it must have, or an array of values it may have
@@ -149,20 +152,28 @@ def time_ns(value: object, where: str) -> int:
 
 def leave_options(value: object) -> bool:
     """``leave``'s options: ``{"purge": true}`` purges the user's past with the leave."""
-    where = "options"
+    return option(value, "purge", _flag, False)
+
+
+def _flag(value: object, where: str) -> bool:
+    if type(value) is not bool:
+        raise InvalidParams(f"{where}: must be true or false, got {describe(value)}")
+    return value
+
+
+def option(value: object, name: str, read: Callable[[object, str], T], default: T) -> T:
+    """An options map that takes one key, ``name``: its value as ``read`` takes it."""
     if value is None:
-        return False
+        return default
     if type(value) is not dict:
-        raise InvalidParams(f"{where}: must be a map, got {describe(value)}")
-    purge = False
+        raise InvalidParams(f"options: must be a map, got {describe(value)}")
+    result = default
     for raw_key, item in value.items():
         key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
-        if key != "purge":
-            raise InvalidParams(f"{where}: unknown key {key!r}; the only key is 'purge'")
-        if type(item) is not bool:
-            raise InvalidParams(f"{where}.purge: must be true or false, got {describe(item)}")
-        purge = item
-    return purge
+        if key != name:
+            raise InvalidParams(f"options: unknown key {key!r}; the only key is {name!r}")
+        result = read(item, f"options.{name}")
+    return result
 
 
 def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]:

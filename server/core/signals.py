@@ -31,7 +31,7 @@ from tidal.protocol.limits import (
 from tidal.protocol.messages import new_tuple
 from tidal.server.errors import InvalidParams
 
-from .params import Scalar, arity, describe, scalar, text, user_id, weight
+from .params import Scalar, arity, describe, option, scalar, text, user_id, weight
 
 I64_MAX: Final = 2**63 - 1
 
@@ -204,19 +204,13 @@ def signal_batch(params: list[Any]) -> tuple[list[SignalArgs], bool]:
 
 def _batch_options(value: object) -> bool:
     """``{"ack": "compact"}`` or ``{"ack": "full"}`` (the default)."""
-    if value is None:
-        return False
-    if type(value) is not dict:
-        raise InvalidParams(f"options: must be a map, got {describe(value)}")
-    compact = False
-    for raw_key, item in value.items():
-        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
-        if key != "ack":
-            raise InvalidParams(f"options: unknown key {key!r}; the only key is 'ack'")
-        if item not in ("compact", "full") or type(item) is not str:
-            raise InvalidParams(f"options.ack: must be 'compact' or 'full', got {describe(item)}")
-        compact = item == "compact"
-    return compact
+    return option(value, "ack", _compact, False)
+
+
+def _compact(value: object, where: str) -> bool:
+    if type(value) is not str or value not in ("compact", "full"):
+        raise InvalidParams(f"{where}: must be 'compact' or 'full', got {describe(value)}")
+    return value == "compact"
 
 
 def compact_acks(acks: list[tuple[int, bool]], first_seq: int) -> dict[str, Any]:
