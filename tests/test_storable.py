@@ -11,15 +11,17 @@ import math
 from collections import defaultdict
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tidal.client import Client, Signal
 from tidal.protocol import ErrorCode
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
 from tidal.testing.postgres import Cluster
 
-from .conftest import ServerProcess
+from .conftest import Database, ServerProcess
 from .rawrpc import RawPeer
 
 EDGE_TEXT = [
@@ -172,3 +174,23 @@ def test_what_the_edge_accepts_every_backend_stores(
         asyncio.run(scenario(pg_cluster.url(name), cohorts, signals))
     finally:
         asyncio.run(pg_cluster.drop(name))
+
+
+@pytest.mark.both_backends
+async def test_a_ledger_row_holds_what_its_signal_said(client: Client, database: Database) -> None:
+    """The signal path hands the writer only values SQLite binds without adapting (0 or 1
+    for forwarded, -1 for no at_ns, a bytearray context): the file still holds NULL for an
+    at_ns not given, 0 for one given as 0, and the context as MessagePack bytes."""
+    await client.leave(2)
+    a = await client.signal(1, "row", "view")
+    b = await client.signal(2, "row", "view", communities=["c"], at_ns=1_700_000_000 * 10**9)
+    c, d = await client.signal_batch(
+        [Signal(1, "row", "like", attrs={"k": "v"}, at_ns=0), Signal(2, "row", "like")]
+    )
+    rows = await database.rows("SELECT seq, forwarded, context, at_ns FROM ledger ORDER BY seq")
+    assert [(seq, int(fwd), ctx and bytes(ctx), at) for seq, fwd, ctx, at in rows] == [
+        (a.seq, 1, None, None),
+        (b.seq, 0, msgpack.packb([["c"], {}, []]), 1_700_000_000 * 10**9),
+        (c.seq, 1, msgpack.packb([[], {"k": "v"}, []]), 0),
+        (d.seq, 0, None, None),
+    ]

@@ -29,7 +29,7 @@ Slot: TypeAlias = tuple[int, int | str, str]
 #: when the signal happened, if the caller said, else -1 (stored as NULL: it is ts_ns, when
 #: the server read it). Only values SQLite binds without adapting: a bool, bytes or None
 #: costs a failed adapter lookup each, about 1 us, which for a ledger row was 70% of its
-#: insert (tests/test_storable.py checks that every backend stores the row as read)
+#: insert (test_storable.py::test_a_ledger_row_holds_what_its_signal_said reads the file)
 Row: TypeAlias = tuple[int, int, str, str, float, int, int, bytearray | None, int]
 NOT_GIVEN: Final = -1  # a row's at_ns when the caller did not say
 
