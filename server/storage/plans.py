@@ -109,8 +109,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
         if batch.rewrite is not None:  # before the withdrawals: one may write its rule anew
             yield from storage_past.rewrite(d, batch.rewrite)
-        for withdrawal in batch.past:
-            yield from storage_past.withdraw(d, withdrawal, watermark, batch)
+        yield from storage_past.withdraw(d, batch, watermark)
         if batch.retire is not None:  # only rows the tables hold
             yield from storage_past.retire(batch, watermark)
             if batch.retired:  # so that boot knows how many rows there are without counting
