@@ -22,7 +22,7 @@ class SignalAck:
     def from_compact(cls, value: dict[str, Any], count: int) -> list[SignalAck]:
         """``signal_batch``'s compact acknowledgement (PROTOCOL.md), one per signal."""
         bits: bytes = value["forwarded"]
-        repeated: dict[int, int] = value["repeated"]
+        repeated: dict[int, int] = dict(value["repeated"])  # [index, seq] pairs
         seq = value["first_seq"]
         out = []
         for i in range(count):

@@ -70,10 +70,10 @@ async def test_a_compact_ack_says_what_the_full_one_says(client: Client) -> None
     compact = await client.call("signal_batch", items, {"ack": "compact"})
     assert set(compact) == {"first_seq", "forwarded", "repeated"}
     # items 0..2 and 4 were sent in the full batch just before, with the same keys
-    assert compact["repeated"] == {
-        0: full[0]["seq"], 1: full[1]["seq"], 2: full[2]["seq"], 3: first[1]["seq"],
-        4: full[4]["seq"], 7: first[0]["seq"],
-    }  # fmt: skip
+    assert compact["repeated"] == [
+        [0, full[0]["seq"]], [1, full[1]["seq"]], [2, full[2]["seq"]], [3, first[1]["seq"]],
+        [4, full[4]["seq"]], [7, first[0]["seq"]],
+    ]  # fmt: skip
     assert compact["first_seq"] == full[4]["seq"] + 1
     forwarded = [bool(compact["forwarded"][i // 8] >> (i % 8) & 1) for i in range(10)]
     assert forwarded == [u != 5 for u, *_ in items]

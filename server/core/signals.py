@@ -216,9 +216,11 @@ def _compact(value: object, where: str) -> bool:
 def compact_acks(acks: list[tuple[int, bool]], first_seq: int) -> dict[str, Any]:
     """A batch's acknowledgements in a few bytes, not a map per signal: the signals that are
     not repeats took consecutive seqs from ``first_seq`` on, in order, so only the repeats
-    (a key seen before) need theirs, and ``forwarded`` is one bit per signal."""
+    (a key seen before) need theirs, as ``[index, seq]`` pairs (an array, not a map: many
+    MessagePack decoders refuse integer map keys by default), and ``forwarded`` is one bit
+    per signal."""
     bits = bytearray((len(acks) + 7) // 8)
-    repeated: dict[int, int] = {}
+    repeated: list[list[int]] = []
     expected = first_seq
     for i, (seq, forwarded) in enumerate(acks):
         if forwarded:
@@ -226,5 +228,5 @@ def compact_acks(acks: list[tuple[int, bool]], first_seq: int) -> dict[str, Any]
         if seq == expected:
             expected += 1
         else:
-            repeated[i] = seq
+            repeated.append([i, seq])
     return {"first_seq": first_seq, "forwarded": bytes(bits), "repeated": repeated}
