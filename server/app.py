@@ -12,6 +12,7 @@ read, close the connections, close the database, let go of the lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -24,7 +25,7 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from tidal.server.engine.engine import Engine
-from tidal.server.engine.health import Booting
+from tidal.server.engine.health import Booting, Standby
 from tidal.server.net.connection import ServerConnection
 from tidal.server.net.state import ServerState
 from tidal.server.net.tls import is_loopback, tls_context
@@ -155,7 +156,17 @@ class Server:
     async def _load(self) -> Engine:
         config = self.config
         began = time.perf_counter()
-        self._storage = await open_storage(config.db, config.durability, config.db_password_file)
+        standby = None
+        if config.standby:
+            self.state.handler = waiting = Standby(redact(config.db))
+
+            def standby(holder: str) -> None:
+                waiting.holder = holder
+
+        self._storage = await open_storage(config, standby)
+        self.state.handler = Booting()  # the lock is taken: loading
+        if config.standby:
+            began = time.perf_counter()  # the wait is not the load
         window_ns = int(config.idempotency_window * 1e9)
         snapshot = await self._storage.load(
             self._clock() - window_ns,
@@ -289,12 +300,32 @@ class Server:
             self._lock.release()
 
     async def serve(self, stop: asyncio.Event) -> int:
-        """Serve until ``stop``; 0 if everything read was committed at the end, else 1."""
-        await self.start()
+        """Serve until ``stop``; 0 if everything read was committed at the end, else 1; 3 if
+        another tidal took the database over (this one must not write again: a supervisor
+        restarts it, as a standby if it was started as one).
+
+        A standby waits in ``start`` for the database: ``stop`` ends the wait."""
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(stop.wait())
+        deposed: asyncio.Future[str] | None = None
         try:
-            await stop.wait()
+            await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                if self._engine is None and self.config.standby:
+                    starting.cancel()  # still waiting for the lock: nothing to finish
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+            else:
+                await starting  # raises what stopped it
+                deposed = self.engine.committer.deposed
+                assert deposed is not None  # the engine has started
+                await asyncio.wait((stopping, deposed), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            stopping.cancel()
             await self.shutdown()
+        if deposed is not None and deposed.done():
+            log.critical("stopping: %s", deposed.result())
+            return 3
         return 1 if self.unclean else 0
 
 

@@ -51,7 +51,20 @@ class Config:
     db: str = _setting(
         "./tidal.db",
         "SQLite database file, or postgresql://user[:password]@host[:port]/dbname (the"
-        " password may come from PGPASSWORD or --db-password-file instead)",
+        " password may come from PGPASSWORD or --db-password-file instead; several hosts,"
+        " h1:5432,h2:5432, with ?target_session_attrs=read-write, follow a failover)",
+    )
+    standby: bool = _setting(
+        False,
+        "PostgreSQL only: wait for the database while another tidal serves it, and take over"
+        " when that one's session ends (health says standby meanwhile)",
+        kind="switch",
+    )
+    db_idle_timeout: float = _setting(
+        20.0,
+        "PostgreSQL: seconds the writer's session may go silent (this tidal paused, or cut"
+        " off) before the database ends it and lets a standby take over; tidal keeps it"
+        " busy with a probe every quarter of this",
     )
     db_password_file: str | None = _setting(
         None, "a file holding the PostgreSQL password (a mounted secret), read at start"
@@ -171,6 +184,12 @@ class Config:
             (self.event_retention >= 0, "event_retention: 0 (keep every event) or more"),
             (self.feed_heartbeat > 0, "feed_heartbeat: more than 0 seconds"),
             (1 <= self.rewrite_chunk <= 100_000, "rewrite_chunk: 1 to 100000 rows"),
+            (self.db_idle_timeout >= 1, "db_idle_timeout: at least 1 second"),
+            (
+                not self.standby or self.db.startswith(("postgresql://", "postgres://")),
+                "standby: needs a PostgreSQL --db (a SQLite file is served by one process on"
+                " one machine: there is nothing for a standby to take over)",
+            ),
         ]
         try:
             self.half_lives()

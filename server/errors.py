@@ -51,7 +51,8 @@ class StorageFailure(TidalError):
     ("full", "unavailable"). ``outcome_unknown``: whether it happened cannot be known (a
     COMMIT's answer lost, and the database not reachable to ask). ``data``: the database
     refused a value the batch carried, and is itself fine: that batch is refused, and
-    storage is not thought any the worse for it."""
+    storage is not thought any the worse for it. ``fenced``: another tidal has taken the
+    database over; this one must never write again (the server stops, exit status 3)."""
 
     def __init__(
         self,
@@ -61,9 +62,11 @@ class StorageFailure(TidalError):
         state: str = "full",
         outcome_unknown: bool = False,
         data: bool = False,
+        fenced: bool = False,
     ) -> None:
         super().__init__(message)
         self.transient = transient
+        self.fenced = fenced
         self.state = state
         self.outcome_unknown = outcome_unknown
         self.data = data

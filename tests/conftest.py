@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 import statistics
@@ -27,6 +28,8 @@ from tidal.server.core.chunks import unpack_records
 from tidal.testing.postgres import Cluster, Missing, fetch
 
 BACKENDS = ("sqlite", "postgresql")
+#: what ``tidal serve`` logs once its port is bound, before it loads (or, as a standby, waits)
+BOUND = re.compile(rb"bound \S+:(\d+);")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -154,6 +157,7 @@ class ServerProcess:
         self.port = 0
         self.log: list[bytes] = []
         self._reader: asyncio.Task[None] | None = None
+        self._awaited: list[tuple[bytes, asyncio.Future[None]]] = []
 
     @property
     def file(self) -> Path:
@@ -161,7 +165,9 @@ class ServerProcess:
         assert isinstance(self.db, Path) or "://" not in self.db, "not a SQLite file"
         return Path(self.db)
 
-    async def start(self) -> ServerProcess:
+    async def start(self, *, bound: bool = False) -> ServerProcess:
+        """Returns once it listens; with ``bound``, once its port is bound (a standby's
+        is, while it waits for the database)."""
         self.log = []
         self.proc = await asyncio.create_subprocess_exec(
             *self.launcher,
@@ -187,12 +193,32 @@ class ServerProcess:
             if (port := listening_port(line)) is not None:
                 self.port = port
                 break
+            if bound and (found := BOUND.search(line)):
+                self.port = int(found.group(1))
+                break
         self._reader = asyncio.create_task(self._drain(self.proc.stderr))
         return self
 
     async def _drain(self, stream: asyncio.StreamReader) -> None:
         while line := await stream.readline():
             self.log.append(line)
+            for text, future in self._awaited:
+                if text in line and not future.done():
+                    future.set_result(None)
+
+    async def logged(self, text: str, timeout: float = 30) -> None:
+        """Returns once a line of its log holds ``text`` (from its start on)."""
+        wanted = text.encode()
+        if any(wanted in line for line in self.log):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._awaited.append((wanted, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise AssertionError(
+                f"never logged {text!r}:\n" + b"".join(self.log).decode()
+            ) from None
 
     async def connect(self) -> Client:
         return await Client.connect("127.0.0.1", self.port, timeout=10)

@@ -89,9 +89,13 @@ class Committer:
         self._rewrite_until = 0.0
         self._last_tried = False
         self._task: asyncio.Task[None] | None = None
+        #: set, with why, once another tidal has taken the database over: the server stops
+        self.deposed: asyncio.Future[str] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-writer")
+        loop = asyncio.get_running_loop()
+        self.deposed = loop.create_future()
+        self._task = loop.create_task(self._run(), name="tidal-writer")
 
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
@@ -153,8 +157,12 @@ class Committer:
             batch = self.open
             if not batch.pending() and not self._busy():
                 if not self._closing:
-                    self._idle = asyncio.get_running_loop().create_future()
-                    await self._idle
+                    self._idle = idle = asyncio.get_running_loop().create_future()
+                    every = self._probe_every()
+                    if every is None:
+                        await idle
+                    elif not (await asyncio.wait((idle,), timeout=every))[0]:
+                        await self._probe()
                     continue
                 if self._last_tried or self.failed or not self._steps.last(batch):
                     return
@@ -204,6 +212,30 @@ class Committer:
             finally:
                 self.unknown = None
 
+    def _probe_every(self) -> float | None:
+        return None if self.failed is not None else self._storage.probe_every
+
+    async def _probe(self) -> None:
+        """Nothing to commit for a while: a round trip keeps the database session (and its
+        lock) alive, and health true, as a commit would (``Storage.probe``)."""
+        try:
+            await self._storage.probe()
+        except StorageFailure as exc:
+            if exc.fenced or not exc.transient:
+                self._latch(exc)
+            elif self.full is None or self.full_state == exc.state:
+                self.full, self.full_state = str(exc), exc.state
+                _refusals(exc.state, logging.ERROR, "%s; writes will be tried", exc)
+        else:
+            if self.full is not None and self.full_state == "unavailable":
+                self.full = None  # the database answers again
+
+    def _latch(self, exc: StorageFailure) -> None:
+        self.failed = str(exc)
+        log.critical("%s; refusing all writes until restarted", exc)
+        if exc.fenced and self.deposed is not None and not self.deposed.done():
+            self.deposed.set_result(str(exc))
+
     def _busy(self) -> bool:
         if self.failed is not None or not self._steps.busy():
             return False
@@ -248,8 +280,7 @@ class Committer:
                 "%s; the writes in it were refused, later writes will be tried", exc,
             )  # fmt: skip
         else:
-            self.failed = str(exc)
-            log.critical("%s; refusing all writes until restarted", exc)
+            self._latch(exc)
         if exc.data:
             message = (
                 f"storage unavailable: the database refused a value in this request's group"

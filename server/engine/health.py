@@ -19,6 +19,7 @@ from tidal.server.errors import InvalidParams
 OK: Final = "ok"
 STARTING: Final = "starting"
 FAILING: Final = "failing"
+STANDBY: Final = "standby"
 
 
 def report(storage: str, error: str | None = None) -> dict[str, Any]:
@@ -53,6 +54,12 @@ class Booting:
 
     STARTING_MESSAGE: Final = "starting: tidal is loading its database; try again shortly"
 
+    def health(self) -> dict[str, Any]:
+        return report("loading")
+
+    def refusal(self) -> str:
+        return self.STARTING_MESSAGE
+
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
         if msgid is None:
             conn.reply(None, None)  # nothing can be applied yet
@@ -63,8 +70,27 @@ class Booting:
                 conn.reply(msgid, "pong")
             elif method == "health":
                 params.arity(args, "health", "none", 0, 0)
-                conn.reply(msgid, report("loading"))
+                conn.reply(msgid, self.health())
             else:
-                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.STARTING_MESSAGE)
+                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.refusal())
         except InvalidParams as exc:
             conn.reply_error(msgid, ErrorCode.INVALID_PARAMS, str(exc))
+
+
+class Standby(Booting):
+    """Answers while this tidal waits to take the database over from the one serving it
+    (``--standby``): it holds no state and serves nothing, and says who it waits for, so
+    that clients given both addresses go to the other."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.holder = "another tidal"
+
+    def health(self) -> dict[str, Any]:
+        return {"status": STANDBY, "storage": "waiting", "serving": self.holder}
+
+    def refusal(self) -> str:
+        return (
+            f"standby: this tidal waits to take over {self.location} from the one serving it"
+            f" ({self.holder}); send requests there"
+        )

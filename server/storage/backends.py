@@ -3,17 +3,27 @@ loads asyncpg, and neither backend knows the other exists."""
 
 from __future__ import annotations
 
-from tidal.server.config import Durability
+from collections.abc import Callable
+
+from tidal.server.config import Config
 
 from .interface import Storage, is_url
 
 
-async def open_storage(db: str, durability: Durability, password_file: str | None) -> Storage:
-    """The backend ``db`` names: a PostgreSQL URL, or else a SQLite file."""
+async def open_storage(config: Config, standby: Callable[[str], None] | None) -> Storage:
+    """The backend ``--db`` names: a PostgreSQL URL, or else a SQLite file. ``standby``:
+    told who serves the database, if another tidal does and this one is to wait for it."""
+    db, durability = config.db, config.durability
     if is_url(db):
         from tidal.server.storage.postgres.runner import PgStorage
 
-        return await PgStorage.open(db, durability, password_file)
+        return await PgStorage.open(
+            db,
+            durability,
+            config.db_password_file,
+            idle_timeout=config.db_idle_timeout,
+            standby=standby,
+        )
     from tidal.server.storage.sqlite.runner import SqliteStorage
 
     return await SqliteStorage.open(db, durability)

@@ -54,6 +54,8 @@ class Storage(Protocol):
     #: where it is, safe to log (a URL's password is left out)
     location: str
     commits: int  # transactions committed since boot
+    #: seconds without a commit after which the writer calls ``probe``; None: never
+    probe_every: float | None
 
     async def load(
         self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
@@ -68,6 +70,10 @@ class Storage(Protocol):
     async def read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
         """A plan of reads, beside the writer: on a connection of its own, in one read
         transaction (a snapshot of what is committed); raises ``StorageFailure``."""
+
+    async def probe(self) -> None:
+        """A round trip to the database, by the writer while it has nothing to commit;
+        raises ``StorageFailure`` as a commit would."""
 
     def size(self) -> int:
         """Bytes the database takes (PostgreSQL: as last measured)."""

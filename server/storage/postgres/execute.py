@@ -3,14 +3,14 @@ SQLite's (``tidal.server.storage.plans``), each transaction stamped with a batch
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import asyncpg
 
 from tidal.server.storage.sqlbulk import (
-    SET_META,
     Begin,
     Changed,
     Exec,
@@ -31,6 +31,21 @@ class CommitLost(Exception):
     """The connection was lost while COMMIT was on its way: it may or may not have happened."""
 
 
+class Fenced(Exception):
+    """The database's batch id is not the one this server committed last: another tidal
+    has written since (it took over while this one was paused or cut off)."""
+
+
+#: The fence, in the transaction itself: the batch id moves from this server's last to its
+#: next only if it is still this server's last. The row lock it takes makes a concurrent
+#: writer wait, then see the new id and match nothing: of two tidals that both believe
+#: they serve the database, one commits, the other rolls back.
+_NEXT_ID: Final = "UPDATE meta SET value = $1 WHERE key = 'batch_id' AND value = $2"
+_FIRST_ID: Final = (
+    "INSERT INTO meta (key, value) VALUES ('batch_id', $1) ON CONFLICT (key) DO NOTHING"
+)
+
+
 @dataclass(slots=True)
 class BatchIds:
     """Each transaction writes a batch id (``meta.batch_id``): the last one this server
@@ -38,6 +53,19 @@ class BatchIds:
 
     last_id: int | None = None
     next_id: int = field(default_factory=lambda: secrets.randbits(62))  # no other server's
+
+
+async def commit(conn: asyncpg.Connection) -> None:
+    """COMMIT, never timed out nor cancelled by tidal: a COMMIT cancelled while it waits for
+    a synchronous standby returns as committed on the primary alone, which a failover then
+    loses. A cancelled caller (a shutdown's timeout) stops waiting; the COMMIT goes on, and
+    its reply is never sent. A lost answer is settled by the batch id (``CommitLost``)."""
+    try:
+        await asyncio.shield(conn.execute("COMMIT"))
+    except LOST as exc:
+        if conn.is_closed():
+            raise CommitLost(str(exc)) from exc
+        raise
 
 
 async def run(
@@ -81,14 +109,17 @@ async def run(
                 in_transaction = True
             else:
                 ids.next_id += 1
-                await conn.execute(numbered(SET_META), "batch_id", ids.next_id, timeout=t)
+                if ids.last_id is None:
+                    status = await conn.execute(_FIRST_ID, ids.next_id, timeout=t)
+                else:
+                    status = await conn.execute(_NEXT_ID, ids.next_id, ids.last_id, timeout=t)
+                if not status.endswith(" 1"):
+                    raise Fenced(
+                        "another tidal has committed to this database since this one's last"
+                        " commit (it took over while this one was paused or cut off)"
+                    )
                 in_transaction = False
-                try:
-                    await conn.execute("COMMIT")
-                except LOST as exc:
-                    if conn.is_closed():
-                        raise CommitLost(str(exc)) from exc
-                    raise
+                await commit(conn)
                 ids.last_id = ids.next_id
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

@@ -31,16 +31,18 @@ from tidal.server.storage import boot, plans
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
-from .execute import BatchIds, CommitLost, run
+from .execute import BatchIds, CommitLost, Fenced, run
 from .lock import AdvisoryLock
 from .schema import migrate
 from .session import (
     CONNECT_TIMEOUT,
     LOST,
+    PROBE_SHARE,
     SESSION,
     STATEMENT_TIMEOUT,
     close_quietly,
     connect,
+    hold_lock,
     is_data_error,
     open_session,
     pin,
@@ -52,6 +54,9 @@ log = logging.getLogger("tidal.storage")
 T = TypeVar("T")
 
 
+#: ``--db-idle-timeout``: how long the writer's session may go silent before the database
+#: ends it, and its lock with it (``session.hold_lock``)
+IDLE_TIMEOUT: Final = 20.0
 SIZE_EVERY: Final = 10.0  # seconds between measures of the database's size
 #: a COMMIT whose answer was lost: how long to keep trying to find out what became of it
 OUTCOME_WAIT: Final = 60.0
@@ -64,10 +69,18 @@ class PgStorage:
     backend = "postgresql"
 
     def __init__(
-        self, url: str, options: dict[str, Any], writer: asyncpg.Connection, schema: str
+        self,
+        url: str,
+        options: dict[str, Any],
+        writer: asyncpg.Connection,
+        schema: str,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self._url = url
         self._options = options
+        self._idle_timeout = idle_timeout
+        #: seconds without a commit after which the writer probes its session (``probe``)
+        self.probe_every: float | None = idle_timeout * PROBE_SHARE
         self.location = redact(url)
         self._lock = AdvisoryLock(schema, writer.get_server_pid())
         self.commits = 0
@@ -82,8 +95,17 @@ class PgStorage:
 
     @classmethod
     async def open(
-        cls, url: str, durability: Durability = "full", password_file: str | None = None
+        cls,
+        url: str,
+        durability: Durability = "full",
+        password_file: str | None = None,
+        *,
+        idle_timeout: float = IDLE_TIMEOUT,
+        standby: Callable[[str], None] | None = None,
     ) -> PgStorage:
+        """The database, its lock taken and its tables made current. Another tidal holding
+        the lock is an operator's mistake (``DatabaseInUse``), unless this one is a
+        ``standby``: it is told who holds the lock, and it waits until that session ends."""
         if durability not in ("full", "normal"):
             raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
         location = redact(url)
@@ -99,23 +121,61 @@ class PgStorage:
         if password_file:
             options["password"] = read_password(password_file)
         writer, schema = await open_session(url, options, location)
-        storage = cls(url, options, writer, schema)
+        storage = cls(url, options, writer, schema, idle_timeout)
         try:
             if not await storage._lock.take(writer):
-                raise DatabaseInUse(
-                    f"--db {location}: another tidal ({await storage._lock.holder(writer)}) already"
-                    f" serves this database's schema {schema} (it holds tidal's advisory lock);"
-                    " stop it first, or give this one another database, or another schema"
-                    " (?search_path=NAME in the URL)"
-                )
+                holder = await storage._lock.holder(writer)
+                if standby is None:
+                    raise DatabaseInUse(
+                        f"--db {location}: another tidal ({holder}) already serves this"
+                        f" database's schema {schema} (it holds tidal's advisory lock); stop it"
+                        " first, or give this one another database, or another schema"
+                        " (?search_path=NAME in the URL), or start this one with --standby"
+                    )
+                standby(holder)
+                writer = storage._writer = await storage._wait(writer, holder)
+            await hold_lock(writer, idle_timeout)
             await migrate(writer, location)
         except (asyncpg.PostgresError, *LOST) as exc:  # a standby, no rights to create...
-            await close_quietly(writer)
+            await close_quietly(storage._writer or writer)
             raise DatabaseUnusable(f"{location}: cannot set up tidal's tables: {exc}") from None
-        except Exception:
-            await close_quietly(writer)
+        except BaseException:
+            await close_quietly(storage._writer or writer)
             raise
         return storage
+
+    async def _wait(self, writer: asyncpg.Connection, holder: str) -> asyncpg.Connection:
+        """A standby's wait: blocked in ``pg_advisory_lock`` until the holder's session ends,
+        which the database sees at once when a tidal is killed, and within its keepalives
+        or ``--db-idle-timeout`` when one is cut off or paused. A lost connection (the
+        database restarted, failed over) is opened again, with backoff, and waits again."""
+        delay = BACKOFF_FIRST
+        while True:
+            log.warning(
+                "standby: waiting for %s, served by another tidal (%s)", self.location, holder
+            )
+            try:
+                await writer.fetchval("SELECT pg_advisory_lock($1, $2)", *self._lock.key)
+                self._lock.writer_pid = writer.get_server_pid()
+                log.warning("standby: took %s over", self.location)
+                return writer
+            except LOST as exc:
+                log.warning("standby: lost the database (%s); connecting again", why(exc))
+            writer.terminate()
+            while True:
+                await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
+                delay = min(BACKOFF_MAX, delay * 2)
+                try:
+                    writer = self._writer = await self._connect()
+                except (asyncpg.PostgresError, *LOST) as exc:
+                    log.debug("standby: cannot connect yet: %s", why(exc))
+                    continue
+                delay = BACKOFF_FIRST
+                break
+            if await self._lock.take(writer):
+                self._lock.writer_pid = writer.get_server_pid()
+                return writer
+            holder = await self._lock.holder(writer)
 
     async def load(
         self, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
@@ -123,9 +183,10 @@ class PgStorage:
         assert self._writer is not None
         try:
             # boot reads the whole state: no statement timeout (TCP still notices a dead network)
+            # the last batch id first: boot's own transactions are fenced by it too
+            self._ids.last_id = await self._writer.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
             load = boot.load(POSTGRES, keys_since_ns, max_keys, half_lives, now_ns)
             snapshot = await run(self._writer, self._ids, load, timeout=None)
-            self._ids.last_id = await self._writer.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
         except (asyncpg.PostgresError, *LOST) as exc:  # at boot: one line, no traceback
             raise DatabaseUnusable(f"{self.location}: cannot load: {why(exc)}") from None
         await self._measure(self._writer)
@@ -140,6 +201,10 @@ class PgStorage:
             raise CommitUnknown(
                 f"the connection to the database was lost during COMMIT ({exc})",
                 lambda: self._find_out(batch_id),
+            ) from exc
+        except Fenced as exc:
+            raise StorageFailure(
+                f"{exc}; this server stops writing", transient=False, fenced=True
             ) from exc
         except Exception as exc:
             raise self._failure("commit", exc, conn) from exc
@@ -171,6 +236,16 @@ class PgStorage:
             raise StorageFailure(
                 f"read failed: {why(exc)}", transient=True, state="unavailable"
             ) from exc
+
+    async def probe(self) -> None:
+        """A round trip on the writer's session while no commit makes one: the database ends
+        a silent one (``--db-idle-timeout``), and this server finds out early that its
+        database went away, or that another tidal took it over."""
+        conn = await self._connection()
+        try:
+            await conn.fetchval("SELECT 1", timeout=STATEMENT_TIMEOUT)
+        except Exception as exc:
+            raise self._failure("probe", exc, conn) from exc
 
     def size(self) -> int:
         return self._size
@@ -217,17 +292,19 @@ class PgStorage:
         if not await self._lock.retake(conn):
             raise StorageFailure(
                 f"another tidal ({await self._lock.holder(conn)}) took the database while this"
-                " server's connection was lost; this server stops writing: restart it once"
-                " the other is stopped",
+                " server's connection was lost; this server stops writing",
                 transient=False,
+                fenced=True,
             )
         last = await conn.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
         if last != self._ids.last_id:
             raise StorageFailure(
                 "the database changed while this server's connection was lost (another"
-                " server wrote to it, or it was restored); restart tidal to load it again",
+                " server wrote to it, or it was restored); this server stops writing",
                 transient=False,
+                fenced=True,
             )
+        await hold_lock(conn, self._idle_timeout)
 
     async def _find_out(self, batch_id: int) -> None:
         """Whether the COMMIT whose answer was lost happened: returns if it did, raises
@@ -253,11 +330,13 @@ class PgStorage:
             if not await self._lock.retake(conn):
                 raise StorageFailure(
                     f"another tidal ({await self._lock.holder(conn)}) took the database while a"
-                    " COMMIT's outcome was unknown; restart this one once the other is stopped",
+                    " COMMIT's outcome was unknown; this server stops writing",
                     transient=False,
                     outcome_unknown=True,
+                    fenced=True,
                 )
             last = await conn.fetchval(_BATCH_ID, timeout=STATEMENT_TIMEOUT)
+            await hold_lock(conn, self._idle_timeout)
         except BaseException:
             await close_quietly(conn)
             raise
@@ -268,6 +347,7 @@ class PgStorage:
             self.commits += 1
             return
         if last == self._ids.last_id:
+            log.warning("the COMMIT did not hold: reconnected to %s", self.location)
             raise StorageFailure(
                 "the connection to the database was lost before COMMIT held", transient=True,
                 state="unavailable",
@@ -276,9 +356,10 @@ class PgStorage:
         self._writer = None
         raise StorageFailure(
             "the database changed while a COMMIT's outcome was unknown (another server wrote"
-            " to it, or it was restored); restart tidal to load it again",
+            " to it, or it was restored); this server stops writing",
             transient=False,
             outcome_unknown=True,
+            fenced=True,
         )
 
     async def _connect(self) -> asyncpg.Connection:

@@ -35,6 +35,11 @@ STATEMENT_TIMEOUT: Final = 30.0
 #: (``ALTER ROLE ... SET statement_timeout``): given when each connection starts, which takes
 #: precedence over those defaults (and so applies to the first statement too) ...
 SESSION: Final = {
+    # the database's side of the socket: a tidal whose host died or whose network was cut
+    # is noticed, its session ended and the lock let go of, in KEEPALIVE_IDLE + count probes
+    "tcp_keepalives_idle": str(KEEPALIVE_IDLE),
+    "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL),
+    "tcp_keepalives_count": str(KEEPALIVE_COUNT),
     "statement_timeout": "0",  # tidal times its statements itself, COMMIT apart
     "lock_timeout": "0",
     "idle_in_transaction_session_timeout": "0",
@@ -44,9 +49,19 @@ SESSION: Final = {
 }
 #: ... and those that only newer servers have, set where the server has them
 LATER_SESSION: Final = {
-    "idle_session_timeout": "0",  # PostgreSQL 14+: the writer's session holds the lock
+    "idle_session_timeout": "0",  # PostgreSQL 14+: the writer's is set by ``hold_lock``
     "transaction_timeout": "0",  # PostgreSQL 17+
+    "tcp_user_timeout": str(int(USER_TIMEOUT * 1000)),  # PostgreSQL 12+, and as for KEEPALIVE
 }
+#: The writer's session holds the lock: one that goes silent while its socket stays up (a
+#: tidal paused, SIGSTOP or a frozen VM, whose kernel still answers keepalives) is ended by
+#: the database after ``--db-idle-timeout``, idle or in a transaction, and the lock goes
+#: with it. A live writer probes its session well within that (``PROBE_SHARE``).
+_HOLD: Final = """
+    SELECT count(set_config(name, $1, false)) FROM pg_settings
+    WHERE name IN ('idle_session_timeout', 'idle_in_transaction_session_timeout')"""
+#: the writer probes its session after this share of ``--db-idle-timeout`` without a commit
+PROBE_SHARE: Final = 0.25
 _PIN: Final = """
     SELECT count(set_config(name, ($1::jsonb) ->> name, false)), current_setting('server_encoding'),
            current_schema()
@@ -143,6 +158,11 @@ async def pin(conn: asyncpg.Connection) -> tuple[str, str | None]:
     row = await conn.fetchrow(_PIN, json.dumps(LATER_SESSION), timeout=STATEMENT_TIMEOUT)
     assert row is not None  # an aggregate: one row
     return row[1], row[2]
+
+
+async def hold_lock(conn: asyncpg.Connection, idle_timeout: float) -> None:
+    """Make this the writer's session: ended by the database if it goes silent (``_HOLD``)."""
+    await conn.fetchval(_HOLD, f"{int(idle_timeout * 1000)}ms", timeout=STATEMENT_TIMEOUT)
 
 
 async def close_quietly(conn: asyncpg.Connection) -> None:

@@ -147,6 +147,11 @@ class SqliteStorage:
         except sqlite3.Error as exc:
             raise StorageFailure(f"read failed: {exc}", transient=True) from exc
 
+    probe_every: float | None = None  # one process on one file: no session to keep alive
+
+    async def probe(self) -> None:
+        return None
+
     def size(self) -> int:
         """Bytes on disk: the database file and its write-ahead log."""
         total = 0
