@@ -159,7 +159,13 @@ def client_options(
     settings: Settings, parser: argparse.ArgumentParser, *, tls: bool = True
 ) -> None:
     """Where the server is and how to reach it: the same for every client command."""
-    settings.add(parser, "--host", "TIDAL_HOST", "127.0.0.1", "the server's address")
+    settings.add(
+        parser,
+        "--host",
+        "TIDAL_HOST",
+        "127.0.0.1",
+        "the server's address; several, comma-separated (h1,h2:7412): a tidal and its standbys",
+    )
     settings.add(parser, "--port", "TIDAL_PORT", "7411", "the server's port", type=port)
     token_options(settings, parser, "send auth(token) first")
     if tls:  # bench makes its own connections: it takes no --timeout and no TLS

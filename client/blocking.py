@@ -20,10 +20,12 @@ from tidal.protocol import (
     Response,
 )
 
+from .addresses import Address, Addresses, Choice
 from .errors import (
     CallTimeout,
     ConnectFailed,
     ConnectionLost,
+    ServerError,
     closed_by_server,
     from_wire,
     unsendable,
@@ -35,13 +37,12 @@ log = logging.getLogger("tidal.client")
 class Link:
     def __init__(
         self,
-        host: str,
-        port: int,
+        addresses: Addresses,
         timeout: float | None,
         token: str | None,
         ssl: ssl_module.SSLContext | None,
     ) -> None:
-        self._host, self._port = host, port
+        self._addresses = addresses
         self._timeout = timeout
         self._token = token
         self._ssl = ssl
@@ -50,9 +51,39 @@ class Link:
         self._next_msgid = 0
 
     def dial(self) -> None:
-        where = f"{self._host}:{self._port}"
+        """Connect to the server that is serving (``addresses.Choice``, as ``open_any``)."""
+        if not self._addresses.several:
+            self._dial(self._addresses.all[0])
+            return
+        choice = Choice(self._addresses)
+        held: tuple[socket.socket, Connection] | None = None
+        for address in self._addresses.rotation():
+            try:
+                self._dial(address)
+                health = self.roundtrip("health", [], self._timeout)
+            except (OSError, CallTimeout, ServerError) as exc:
+                self.drop()
+                choice.failed(address, exc)
+                continue
+            verdict = choice.answered(address, health)
+            if verdict == "use":
+                if held is not None:
+                    held[0].close()
+                return
+            if verdict == "hold":
+                assert self.sock is not None
+                held, self.sock = (self.sock, self.conn), None
+            else:
+                self.drop()
+        if held is None:
+            raise choice.none()
+        self.sock, self.conn = held
+
+    def _dial(self, address: Address) -> None:
+        host, port = address
+        where = f"{host}:{port}"
         try:
-            sock = socket.create_connection((self._host, self._port), timeout=self._timeout)
+            sock = socket.create_connection((host, port), timeout=self._timeout)
         except TimeoutError:
             raise CallTimeout(f"could not connect to {where}") from None
         except OSError as exc:
@@ -60,7 +91,7 @@ class Link:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._ssl is not None:
             try:
-                sock = self._ssl.wrap_socket(sock, server_hostname=self._host)
+                sock = self._ssl.wrap_socket(sock, server_hostname=host)
             except OSError as exc:
                 sock.close()
                 raise ConnectFailed(f"TLS with {where} failed: {exc}") from exc

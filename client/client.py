@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any, Final
 
 from . import requests
+from .addresses import Addresses, Hosts
 from .errors import (
     CallTimeout,
     ConnectFailed,
@@ -25,7 +26,7 @@ from .errors import (
 from .feed import Cursor
 from .requests import Call
 from .subscription import DEAD_AFTER, Subscription
-from .transport import ClientProtocol, open_connection, request
+from .transport import ClientProtocol, moved, open_any, request
 from .types import (
     Counts,
     Event,
@@ -81,7 +82,7 @@ class Client:
     @classmethod
     async def connect(
         cls,
-        host: str = "127.0.0.1",
+        host: Hosts = "127.0.0.1",
         port: int = 7411,
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
@@ -97,9 +98,12 @@ class Client:
         With ``auto_keys``, every signal gets an idempotency key, so that every signal
         in flight when a connection drops is retried safely. ``reconnect`` is how many
         times a call tries to reconnect (0.05 s apart, doubling) before ``ConnectionLost``.
-        """
 
-        dial = functools.partial(open_connection, host, port, timeout, token, ssl)
+        ``host`` may name several servers, an active tidal and its standbys: ``"h1,h2:7412"``
+        or ``[("h1", 7411), ("h2", 7411)]``. The client then uses the one whose health is
+        ok, and moves to another when its connection drops or it answers as a standby.
+        """
+        dial = functools.partial(open_any, Addresses(host, port), timeout, token, ssl)
         return cls(await dial(), dial, timeout, auto_keys, reconnect)
 
     async def __aenter__(self) -> Client:
@@ -179,6 +183,8 @@ class Client:
                 delay = retries.after(exc, self._closed)
                 if delay is None:
                     raise
+                if isinstance(exc, Unavailable) and exc.standby:
+                    moved(self._protocol)
                 if delay:
                     await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
 

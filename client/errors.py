@@ -98,9 +98,17 @@ class Unavailable(ServerError):
     def starting(self) -> bool:
         return self.message.startswith(STARTING)
 
+    @property
+    def standby(self) -> bool:
+        """The server waits to take over from another and applied nothing: a client given
+        several addresses goes to another."""
+        return self.message.startswith(STANDBY)
+
 
 #: how a server still loading its database begins its error 2 (docs/PROTOCOL.md)
 STARTING: Final = "starting:"
+#: ... and a standby, waiting to take over from another (``tidal serve --standby``)
+STANDBY: Final = "standby:"
 
 
 class TooLarge(ServerError):

@@ -16,7 +16,7 @@ class Retries:
     """When a failed call is sent again; both clients follow it. A repeatable call survives
     dropped connections (a few: a reconnect can land on a server that is still going
     down, and be reset); any call is asked again, with backoff, while the server says it
-    is starting (it applied nothing)."""
+    is starting or a standby (it applied nothing)."""
 
     def __init__(self, call: Call, lost: int, starting: int, first_delay: float) -> None:
         self._repeatable = call.repeatable
@@ -30,7 +30,7 @@ class Retries:
         if isinstance(exc, ConnectionLost):
             self._lost -= 1
             return 0.0 if self._repeatable and not closed and self._lost > 0 else None
-        if isinstance(exc, Unavailable) and exc.starting and self._starting > 0:
+        if isinstance(exc, Unavailable) and (exc.starting or exc.standby) and self._starting > 0:
             self._starting -= 1
             delay, self._delay = self._delay, self._delay * 2
             return delay

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from . import requests
+from .addresses import Addresses, Hosts
 from .blocking import Link
 from .client import DEFAULT_TIMEOUT, RECONNECT_ATTEMPTS, RECONNECT_FIRST_DELAY, RETRIES
 from .errors import (
@@ -46,7 +47,7 @@ class SyncClient:
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: Hosts = "127.0.0.1",
         port: int = 7411,
         *,
         timeout: float | None = DEFAULT_TIMEOUT,
@@ -59,7 +60,7 @@ class SyncClient:
         self._auto_keys = auto_keys
         self._reconnect_attempts = reconnect
         self._lock = threading.Lock()
-        self._new_link = functools.partial(Link, host, port, timeout, token, ssl)
+        self._new_link = functools.partial(Link, Addresses(host, port), timeout, token, ssl)
         self._link = self._new_link()
         self._closed = False
         with self._lock:
@@ -123,6 +124,9 @@ class SyncClient:
                 delay = retries.after(exc, self._closed)
                 if delay is None:
                     raise
+                if isinstance(exc, Unavailable) and exc.standby:
+                    with self._lock:
+                        self._link.drop()  # the next call dials the one that serves
                 if delay:
                     time.sleep(delay)  # backoff: this client blocks by design
 

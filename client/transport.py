@@ -20,10 +20,12 @@ from tidal.protocol import (
     Response,
 )
 
+from .addresses import Addresses, Choice
 from .errors import (
     CallTimeout,
     ConnectFailed,
     ConnectionLost,
+    ServerError,
     closed_by_server,
     from_wire,
     unsendable,
@@ -145,6 +147,46 @@ async def open_connection(
             close_transport(protocol)
             raise
     return protocol
+
+
+async def open_any(
+    addresses: Addresses,
+    timeout: float | None,
+    token: str | None,
+    ssl: ssl_module.SSLContext | None,
+) -> ClientProtocol:
+    """A connection to the server that is serving: with one address, that one; with
+    several, the one whose ``health`` is ok (``addresses.Choice``)."""
+    if not addresses.several:
+        return await open_connection(*addresses.all[0], timeout, token, ssl)
+    choice = Choice(addresses)
+    held: ClientProtocol | None = None
+    for address in addresses.rotation():
+        try:
+            protocol = await open_connection(*address, timeout, token, ssl)
+            health = await request(protocol, "health", [], timeout)
+        except (OSError, CallTimeout, ServerError) as exc:
+            choice.failed(address, exc)
+            continue
+        verdict = choice.answered(address, health)
+        if verdict == "use":
+            if held is not None:
+                close_transport(held)
+            return protocol
+        if verdict == "hold":
+            held = protocol
+        else:
+            close_transport(protocol)
+    if held is not None:
+        return held
+    raise choice.none()
+
+
+def moved(protocol: ClientProtocol) -> None:
+    """The server is a standby: drop the connection, so that the next call dials again."""
+    close_transport(protocol)
+    if protocol.lost is None:
+        protocol.lost = ConnectionLost("the server is a standby")
 
 
 def close_transport(protocol: ClientProtocol) -> None:

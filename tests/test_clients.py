@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from tidal.client import (
     Signal,
     TidalError,
 )
+from tidal.client.addresses import Address, Hosts, parse
 from tidal.server import Server
 
 from .conftest import ServerProcess
@@ -242,3 +244,31 @@ def closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        ("db1", [("db1", 7411)]),
+        ("h1,h2:7412", [("h1", 7411), ("h2", 7412)]),
+        (" h1 , [::1]:7413, ::1", [("h1", 7411), ("::1", 7413), ("::1", 7411)]),
+        ([("h1", 1), ("h2", "2")], [("h1", 1), ("h2", 2)]),
+    ],
+)
+def test_a_client_takes_one_address_or_several(hosts: Hosts, expected: list[Address]) -> None:
+    assert parse(hosts, 7411) == expected
+
+
+@pytest.mark.parametrize(
+    ("hosts", "rule"),
+    [
+        ("h1,,h2", "an empty address"),
+        ("h1:http", "the port must be a number"),
+        ("h1:0", "the port must be 1 to 65535"),
+        ([], "at least one address"),
+        (["h1"], "(host, port) pairs"),
+    ],
+)
+def test_a_bad_address_list_names_the_rule(hosts: Hosts, rule: str) -> None:
+    with pytest.raises(InvalidArgument, match=re.escape(rule)):
+        parse(hosts, 7411)
