@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint pytest tools bench crash clean
+.PHONY: run test lint pytest tools bench crash failover clean
 
 # tidal is installed into .venv, not linked to the sources (pip install -e): setup.py
 # compiles the hot modules with mypyc where a C compiler is found (pure Python where not),
@@ -35,13 +35,16 @@ pytest: $(STAMP) tools
 # podman and debootstrap build and run the image for real (tests/test_image.py), with runc
 # beside podman: its default runtime, crun, cannot start containers where cgroups are v1 or
 # hybrid, and deploy/oci-runtime.sh picks runc there. iptables drops a relay's packets: a
-# network to PostgreSQL that goes silent (tests/test_pg_wedge.py).
+# network to PostgreSQL that goes silent (tests/test_pg_wedge.py). patroni and etcd-server
+# run PostgreSQL failing over under load (tests/test_failover.py).
 APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
              $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15) \
              $(if $(shell command -v podman),,podman) \
              $(if $(wildcard /usr/sbin/runc /usr/bin/runc),,runc) \
              $(if $(wildcard /usr/sbin/iptables),,iptables) \
-             $(if $(shell command -v debootstrap),,debootstrap)
+             $(if $(shell command -v debootstrap),,debootstrap) \
+             $(if $(shell command -v patroni),,patroni) \
+             $(if $(shell command -v etcd),,etcd-server)
 tools:
 	@if [ -n "$(strip $(APT_TOOLS))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -67,6 +70,10 @@ lint: $(STAMP)
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)
 	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s --timeout 1800
+
+# The long failover run: 10 faults in a row, each test, instead of 1.
+failover: $(STAMP) tools
+	TIDAL_FAILOVER_ROUNDS=10 $(BIN)/python -m pytest tests/test_failover.py -s
 
 # Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
 # Installs Redis from Debian if missing (needs root and apt).

@@ -28,7 +28,7 @@ class Missing(RuntimeError):
     """What the machine lacks to start a cluster, and how to get it."""
 
 
-def _bindir() -> Path:
+def bindir() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found:
         raise Missing(
@@ -50,7 +50,7 @@ class Cluster:
     """One PostgreSQL server; a database of its own per test."""
 
     def __init__(self) -> None:
-        self.bin = _bindir()
+        self.bin = bindir()
         self.dir = Path(tempfile.mkdtemp(prefix="tidal-pg-"))
         self.data = self.dir / "data"
         self.port = free_port()
