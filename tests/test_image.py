@@ -247,13 +247,18 @@ class Compose:
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
 
-    def healthy(self, service: str) -> str:
-        container = f"{self.project}_{service}_1"
-        for _ in range(300):
+    def healthy(self, service: str, timeout: float = 30) -> str:
+        container = self.container(service)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             if podman("healthcheck", "run", container, check=False).returncode == 0:
                 return container
             time.sleep(0.1)  # a container's boot, polled as its engine does
-        raise AssertionError(f"{service} never became healthy")
+        logs = podman("logs", container, check=False)
+        raise AssertionError(f"{service} never became healthy:\n{logs.stdout}{logs.stderr}")
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
 
     def down(self) -> None:
         done = self("down", "-v")
@@ -303,3 +308,67 @@ async def test_podman_compose_runs_tidal_on_postgresql(
         assert "a-pg-password" not in logs
     finally:
         compose.down()
+
+
+@pytest.fixture(scope="module")
+def patroni_image(image: str) -> Iterator[str]:
+    """deploy/patroni: PostgreSQL 15 under Patroni, and etcd, from Debian's packages."""
+    tag = f"localhost/tidal-patroni-test:{uuid.uuid4().hex[:8]}"
+    podman(
+        "build", "--network", "host", "--pull=never", "--format", "docker",
+        "--build-arg", f"BASE={BASE}", "-t", tag, str(ROOT / "deploy" / "patroni"),
+        timeout=600,
+    )  # fmt: skip
+    yield tag
+    podman("rmi", "-f", tag, check=False)
+
+
+async def test_podman_compose_runs_the_ha_profile_and_a_standby_takes_over(
+    image: str, patroni_image: str, tmp_path: Path
+) -> None:
+    """The ha profile: etcd, two Patroni nodes, two tidals; one serves, the other waits.
+    The serving one's container is killed: the other takes over, with what was acknowledged."""
+    ports = {"tidal-ha": free_port(), "tidal-ha-b": free_port()}
+    compose = Compose(
+        tmp_path,
+        {"etcd": patroni_image, "pg1": patroni_image, "pg2": patroni_image}
+        | dict.fromkeys(ports, image),
+        "ha",
+        TIDAL_PG_PASSWORD="a-pg-password",
+        TIDAL_PG_SUPERUSER_PASSWORD="a-superuser-password",
+        TIDAL_PG_REPLICATION_PASSWORD="a-replication-password",
+        TIDAL_HA_BIND=f"127.0.0.1:{ports['tidal-ha']}",
+        TIDAL_HA_B_BIND=f"127.0.0.1:{ports['tidal-ha-b']}",
+    )
+    hosts = [("127.0.0.1", port) for port in ports.values()]
+    try:
+        done = compose("up", "-d", "--no-build", *ports)
+        assert done.returncode == 0, done.stderr
+        serving = await asyncio.to_thread(one_serving, compose, list(ports))
+        async with await Client.connect(hosts, timeout=30, token=TOKEN, auto_keys=True) as c:
+            acks = [await c.signal(i, "e", "view", communities=["c"]) for i in range(50)]
+            await c.leave(7)
+            podman("kill", "--signal", "KILL", compose.container(serving))
+            acks += [await c.signal(i, "e", "view", communities=["c"]) for i in range(50, 60)]
+            assert (await c.status(7)).left
+            assert (await c.counts("e")).ledger["view"].count == 60
+            assert len({a.seq for a in acks}) == 60
+            assert (await c.stats())["backend"] == "postgresql"
+    finally:
+        compose.down()
+
+
+def one_serving(compose: Compose, services: list[str]) -> str:
+    """The service whose tidal serves (health ok), once the other waits as a standby."""
+    deadline = time.monotonic() + 240  # Patroni's bootstrap, a base backup, then tidal's
+    while time.monotonic() < deadline:
+        healthy = [
+            name
+            for name in services
+            if podman("healthcheck", "run", compose.container(name), check=False).returncode == 0
+        ]
+        if len(healthy) == 1:
+            return healthy[0]
+        time.sleep(0.5)  # containers' boots, polled as their engine does
+    logs = [podman("logs", compose.container(name), check=False) for name in services]
+    raise AssertionError("no tidal served:\n" + "".join(p.stdout + p.stderr for p in logs))
