@@ -207,17 +207,22 @@ async def test_health_fails_once_storage_has_failed(image: str, tmp_path: Path) 
             box.remove()
 
 
-@pytest.fixture(scope="module")
-def postgres_image(image: str) -> Iterator[str]:
-    """deploy/postgres: a stand-in for the official postgres:15 image, on the same base."""
-    tag = f"localhost/tidal-postgres-test:{uuid.uuid4().hex[:8]}"
+def deploy_image(name: str) -> Iterator[str]:
+    """An image of ``deploy/NAME``, on the same base as tidal's; removed afterwards."""
+    tag = f"localhost/tidal-{name}-test:{uuid.uuid4().hex[:8]}"
     podman(
         "build", "--network", "host", "--pull=never", "--format", "docker",
-        "--build-arg", f"BASE={BASE}", "-t", tag, str(ROOT / "deploy" / "postgres"),
+        "--build-arg", f"BASE={BASE}", "-t", tag, str(ROOT / "deploy" / name),
         timeout=600,
     )  # fmt: skip
     yield tag
     podman("rmi", "-f", tag, check=False)
+
+
+@pytest.fixture(scope="module")
+def postgres_image(image: str) -> Iterator[str]:
+    """deploy/postgres: a stand-in for the official postgres:15 image."""
+    yield from deploy_image("postgres")
 
 
 class Compose:
@@ -313,14 +318,7 @@ async def test_podman_compose_runs_tidal_on_postgresql(
 @pytest.fixture(scope="module")
 def patroni_image(image: str) -> Iterator[str]:
     """deploy/patroni: PostgreSQL 15 under Patroni, and etcd, from Debian's packages."""
-    tag = f"localhost/tidal-patroni-test:{uuid.uuid4().hex[:8]}"
-    podman(
-        "build", "--network", "host", "--pull=never", "--format", "docker",
-        "--build-arg", f"BASE={BASE}", "-t", tag, str(ROOT / "deploy" / "patroni"),
-        timeout=600,
-    )  # fmt: skip
-    yield tag
-    podman("rmi", "-f", tag, check=False)
+    yield from deploy_image("patroni")
 
 
 async def test_podman_compose_runs_the_ha_profile_and_a_standby_takes_over(
