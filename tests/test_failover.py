@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tidal.client import Client
+from tidal.client import Client, Unavailable
 from tidal.testing.patroni import HaCluster
 from tidal.testing.postgres import Missing, fetch
 
@@ -84,3 +85,42 @@ async def test_tidal_resumes_on_the_promoted_standby_with_nothing_acknowledged_l
         code = await server.stop()
     assert code == 0, b"".join(server.log).decode()[-3000:]
     assert b"reconnected to" in b"".join(server.log)
+
+
+async def test_a_commit_whose_wait_for_the_standby_is_cancelled_is_never_acknowledged(
+    ha: HaCluster,
+) -> None:
+    """Someone cancels tidal's COMMIT while it waits for the synchronous standby (here the
+    primary's WAL sender is stopped, so it waits): PostgreSQL returns it as committed, with
+    a WARNING, on the primary alone. tidal answers error 2, outcome unknown, and latches."""
+    await fetch(ha.url("postgres"), "CREATE DATABASE cancelled")
+    database = Database("postgresql", ha.url("cancelled"))
+    server = await ServerProcess(database.target).start()
+    leader = await asyncio.to_thread(ha.settled)
+    primary = ha.leader_url("cancelled")
+    async with await Client.connect("127.0.0.1", server.port, timeout=60) as c:
+        assert (await c.signal(1, "e", "view")).seq == 1
+        [(sender,)] = await fetch(primary, "SELECT pid FROM pg_stat_replication")
+        os.kill(sender, signal.SIGSTOP)
+        try:
+            late = asyncio.create_task(c.signal(2, "e", "view"))
+            waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            for _ in range(600):
+                if found := await fetch(primary, waiting):
+                    break
+                await asyncio.sleep(0.05)  # the database's state, polled
+            else:
+                raise AssertionError("tidal's COMMIT never waited for the standby")
+            await fetch(primary, "SELECT pg_cancel_backend($1)", found[0][0])
+            with pytest.raises(Unavailable) as refused:
+                await late
+        finally:
+            os.kill(sender, signal.SIGCONT)
+        assert "may not survive a failover" in refused.value.message, refused.value.message
+        assert "unknown" in refused.value.message
+        health = await c.health()
+        assert health["status"] == "failing" and health["storage"] == "failed", health
+    assert await server.stop() == 1  # the last checkpoint cannot commit, and it says so
+    # on the primary's disk, as PostgreSQL said, though never acknowledged
+    assert (2,) in await fetch(primary, "SELECT user_id FROM ledger")
+    assert leader is ha.leader()

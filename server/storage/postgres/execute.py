@@ -31,6 +31,13 @@ class CommitLost(Exception):
     """The connection was lost while COMMIT was on its way: it may or may not have happened."""
 
 
+class CommitUnreplicated(Exception):
+    """The COMMIT's wait for a synchronous standby was cancelled by someone else
+    (``pg_cancel_backend`` on tidal's session, a database shutting down): PostgreSQL then
+    returns it as committed, with a WARNING, on the primary alone. It is on disk, but a
+    failover may lose it: it must not be acknowledged as durable."""
+
+
 class Fenced(Exception):
     """The database's batch id is not the one this server committed last: another tidal
     has written since (it took over while this one was paused or cut off)."""
@@ -55,17 +62,32 @@ class BatchIds:
     next_id: int = field(default_factory=lambda: secrets.randbits(62))  # no other server's
 
 
-async def commit(conn: asyncpg.Connection) -> None:
+async def commit(conn: asyncpg.Connection) -> str | None:
     """COMMIT, never timed out nor cancelled by tidal: a COMMIT cancelled while it waits for
     a synchronous standby returns as committed on the primary alone, which a failover then
     loses. A cancelled caller (a shutdown's timeout) stops waiting; the COMMIT goes on, and
-    its reply is never sent. A lost answer is settled by the batch id (``CommitLost``)."""
+    its reply is never sent. A lost answer is settled by the batch id (``CommitLost``).
+    Returns the WARNING PostgreSQL sent if someone else cancelled its wait for the standby
+    (``CommitUnreplicated``): its listener runs before this returns, since asyncpg schedules
+    it (``call_soon``) when the notice arrives, ahead of the COMMIT's own completion."""
+    unreplicated: list[str] = []
+
+    def listen(_: object, message: asyncpg.PostgresLogMessage) -> None:
+        text = str(message)
+        if "synchronous replication" in text:  # syncrep.c's words: the server's language
+            unreplicated.append(text)
+
+    conn.add_log_listener(listen)
     try:
         await asyncio.shield(conn.execute("COMMIT"))
     except LOST as exc:
-        if conn.is_closed():
+        if not conn.is_closed():
+            raise
+        if not unreplicated:  # else: committed locally, the WARNING said, then cut off
             raise CommitLost(str(exc)) from exc
-        raise
+    finally:
+        conn.remove_log_listener(listen)
+    return unreplicated[0] if unreplicated else None
 
 
 async def run(
@@ -119,8 +141,10 @@ async def run(
                         " commit (it took over while this one was paused or cut off)"
                     )
                 in_transaction = False
-                await commit(conn)
-                ids.last_id = ids.next_id
+                warning = await commit(conn)
+                ids.last_id = ids.next_id  # committed, on the primary at least
+                if warning is not None:
+                    raise CommitUnreplicated(warning)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except TimeoutError:

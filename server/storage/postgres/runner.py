@@ -31,7 +31,7 @@ from tidal.server.storage import boot, plans
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
-from .execute import BatchIds, CommitLost, Fenced, run
+from .execute import BatchIds, CommitLost, CommitUnreplicated, Fenced, run
 from .lock import AdvisoryLock
 from .schema import migrate
 from .session import (
@@ -205,6 +205,15 @@ class PgStorage:
         except Fenced as exc:
             raise StorageFailure(
                 f"{exc}; this server stops writing", transient=False, fenced=True
+            ) from exc
+        except CommitUnreplicated as exc:
+            self.commits += 1
+            raise StorageFailure(
+                f"the COMMIT's wait for the synchronous standby was cancelled by someone else"
+                f" ({exc}): it holds on the primary but may not survive a failover; restart"
+                " tidal to load what is on disk",
+                transient=False,
+                outcome_unknown=True,
             ) from exc
         except Exception as exc:
             raise self._failure("commit", exc, conn) from exc
