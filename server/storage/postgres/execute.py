@@ -33,9 +33,10 @@ class CommitLost(Exception):
 
 class CommitUnreplicated(Exception):
     """The COMMIT's wait for a synchronous standby was cancelled by someone else
-    (``pg_cancel_backend`` on tidal's session, a database shutting down): PostgreSQL then
-    returns it as committed, with a WARNING, on the primary alone. It is on disk, but a
-    failover may lose it: it must not be acknowledged as durable."""
+    (``pg_cancel_backend`` on tidal's session, a database shutting down fast, as Patroni's
+    switchover does): PostgreSQL then returns it as committed, with a WARNING, on the
+    primary alone. It is settled as a lost answer is, by its batch id, and only once a
+    later synchronous commit has returned (``barrier``): a failover may lose it before."""
 
 
 class Fenced(Exception):
@@ -90,6 +91,24 @@ async def commit(conn: asyncpg.Connection) -> str | None:
     return unreplicated[0] if unreplicated else None
 
 
+async def barrier(conn: asyncpg.Connection, batch_id: int) -> None:
+    """A synchronous commit after a batch's: a standby acknowledges WAL by position, so once
+    this one returns, the standbys hold every commit before it. It rewrites the batch id,
+    fenced as every transaction is (``Fenced`` if it is no longer ``batch_id``)."""
+    await conn.execute("BEGIN", timeout=STATEMENT_TIMEOUT)
+    try:
+        status = await conn.execute(_NEXT_ID, batch_id, batch_id, timeout=STATEMENT_TIMEOUT)
+        if not status.endswith(" 1"):
+            raise Fenced("another tidal has committed to this database since this one's last")
+    except BaseException:
+        if not conn.is_closed():
+            await conn.execute("ROLLBACK", timeout=STATEMENT_TIMEOUT)
+        raise
+    warning = await commit(conn)
+    if warning is not None:
+        raise CommitUnreplicated(warning)
+
+
 async def run(
     conn: asyncpg.Connection,
     ids: BatchIds,
@@ -142,9 +161,9 @@ async def run(
                     )
                 in_transaction = False
                 warning = await commit(conn)
-                ids.last_id = ids.next_id  # committed, on the primary at least
                 if warning is not None:
                     raise CommitUnreplicated(warning)
+                ids.last_id = ids.next_id
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except TimeoutError:
