@@ -58,8 +58,12 @@ class Link:
         choice = Choice(self._addresses)
         held: tuple[socket.socket, Connection] | None = None
         for address in self._addresses.rotation():
-            try:
+            try:  # a refused token is raised: it is this client's mistake, not a server's state
                 self._dial(address)
+            except (OSError, CallTimeout) as exc:
+                choice.failed(address, exc)
+                continue
+            try:
                 health = self.roundtrip("health", [], self._timeout)
             except (OSError, CallTimeout, ServerError) as exc:
                 self.drop()

@@ -162,10 +162,15 @@ async def open_any(
     choice = Choice(addresses)
     held: ClientProtocol | None = None
     for address in addresses.rotation():
-        try:
+        try:  # a refused token is raised: it is this client's mistake, not a server's state
             protocol = await open_connection(*address, timeout, token, ssl)
+        except (OSError, CallTimeout) as exc:
+            choice.failed(address, exc)
+            continue
+        try:
             health = await request(protocol, "health", [], timeout)
         except (OSError, CallTimeout, ServerError) as exc:
+            close_transport(protocol)
             choice.failed(address, exc)
             continue
         verdict = choice.answered(address, health)

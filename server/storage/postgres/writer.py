@@ -91,10 +91,13 @@ class WriterSession:
                     continue
                 delay = BACKOFF_FIRST
                 break
-            if await self.lock.take(writer):
-                self.lock.writer_pid = writer.get_server_pid()
-                return writer
-            holder = await self.lock.holder(writer)
+            try:
+                if await self.lock.take(writer):
+                    self.lock.writer_pid = writer.get_server_pid()
+                    return writer
+                holder = await self.lock.holder(writer)
+            except LOST as exc:  # lost again: the wait on it fails too, and reconnects
+                log.debug("standby: lost the database again: %s", why(exc))
 
     async def connection(self) -> asyncpg.Connection:
         """The writer's connection, reconnected if it was lost (retaking the lock, and
