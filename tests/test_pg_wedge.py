@@ -255,6 +255,8 @@ async def test_a_silent_network_is_noticed_within_10_seconds(
         await c.signal(4, "e", "view")  # deltas a last checkpoint must write
         relay.go_silent()
     log = b"".join(process.log).decode()
+    # its abandoned session, which the relay kept alive, named by its pid and start time
+    assert "ending this server's previous session" in log
     lines = [line for line in log.splitlines() if " ERROR " in line or " WARNING " in line]
     assert len(lines) < 40, f"{len(lines)} lines for 300 refusals:\n" + "\n".join(lines[-10:])
     # SIGTERM while the database cannot be reached: the last checkpoint fails, and says so

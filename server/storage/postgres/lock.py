@@ -18,35 +18,46 @@ log = logging.getLogger("tidal.storage")
 #: per schema, so two tidals in two schemas of one database are two databases to tidal)
 LOCK_CLASS: Final = 0x7469_6461
 _HOLDER: Final = """
-    SELECT a.pid, a.client_addr, a.application_name FROM pg_locks l
+    SELECT a.pid, a.client_addr, a.application_name, a.backend_start FROM pg_locks l
     JOIN pg_stat_activity a USING (pid)
     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2
       AND l.objsubid = 2"""
 
 
+#: taking the lock, and which session took it: a backend's pid and start time name it
+#: (a pid alone may be another session's on another server, after a failover)
+_TAKE: Final = """
+    SELECT {}($1, $2), backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"""
+
+
 class AdvisoryLock:
-    def __init__(self, schema: str, writer_pid: int) -> None:
+    def __init__(self, schema: str) -> None:
         crc = zlib.crc32(schema.encode("utf-8"))
         self.key = (LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc)
-        #: the backend of this server's last writer session: on a network that went silent,
-        #: the database may not know yet that it is gone, and it still holds the lock
-        self.writer_pid = writer_pid
+        #: the backend of this server's last writer session, (pid, start): on a network that
+        #: went silent, the database may not know yet that it is gone, and it still holds
+        #: the lock
+        self.writer: tuple[int, object] | None = None
 
-    async def take(self, conn: asyncpg.Connection) -> bool:
-        locked: bool = await conn.fetchval(
-            "SELECT pg_try_advisory_lock($1, $2)", *self.key, timeout=STATEMENT_TIMEOUT
-        )
-        return locked
+    async def take(self, conn: asyncpg.Connection, *, wait: bool = False) -> bool:
+        """``pg_try_advisory_lock``, or with ``wait``, ``pg_advisory_lock``: blocked until
+        the session holding it ends (a standby's wait, with no timeout)."""
+        sql = _TAKE.format("pg_advisory_lock" if wait else "pg_try_advisory_lock")
+        row = await conn.fetchrow(sql, *self.key, timeout=None if wait else STATEMENT_TIMEOUT)
+        assert row is not None  # this session's own row
+        if wait or row[0]:
+            self.writer = (conn.get_server_pid(), row[1])
+            return True
+        return False
 
     async def retake(self, conn: asyncpg.Connection) -> bool:
         """Retake the lock on a new connection. If the session holding it is this server's
         own previous one (abandoned when its network went silent, and still alive on the
         database's side), end it and take the lock: it can commit nothing more."""
         if await self.take(conn):
-            self.writer_pid = conn.get_server_pid()
             return True
         row = await self.holder_row(conn)
-        if row is None or row["pid"] != self.writer_pid:
+        if row is None or (row["pid"], row["backend_start"]) != self.writer:
             return False
         log.warning("ending this server's previous session (backend pid %d)", row["pid"])
         await conn.fetchval(
@@ -55,10 +66,7 @@ class AdvisoryLock:
             int(STATEMENT_TIMEOUT * 1000),
             timeout=STATEMENT_TIMEOUT + 1,
         )
-        if not await self.take(conn):
-            return False
-        self.writer_pid = conn.get_server_pid()
-        return True
+        return await self.take(conn)
 
     async def holder_row(self, conn: asyncpg.Connection) -> asyncpg.Record | None:
         """The lock holder's backend pid and address, if a session holds it."""

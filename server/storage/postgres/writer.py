@@ -54,7 +54,7 @@ class WriterSession:
         self.location = location
         #: ``--db-idle-timeout``: the database ends this session after so long silent
         self.idle_timeout = idle_timeout
-        self.lock = AdvisoryLock(schema, conn.get_server_pid())
+        self.lock = AdvisoryLock(schema)
         self.conn: asyncpg.Connection | None = conn
         self.ids = BatchIds()
         self._retry_at = 0.0
@@ -74,8 +74,7 @@ class WriterSession:
                 "standby: waiting for %s, served by another tidal (%s)", self.location, holder
             )
             try:
-                await writer.fetchval("SELECT pg_advisory_lock($1, $2)", *self.lock.key)
-                self.lock.writer_pid = writer.get_server_pid()
+                await self.lock.take(writer, wait=True)
                 log.warning("standby: took %s over", self.location)
                 return writer
             except LOST as exc:
@@ -93,7 +92,6 @@ class WriterSession:
                 break
             try:
                 if await self.lock.take(writer):
-                    self.lock.writer_pid = writer.get_server_pid()
                     return writer
                 holder = await self.lock.holder(writer)
             except LOST as exc:  # lost again: the wait on it fails too, and reconnects
