@@ -28,6 +28,7 @@ from tidal.server.engine.engine import Engine
 from tidal.server.engine.health import Booting, Standby
 from tidal.server.net.connection import ServerConnection
 from tidal.server.net.state import ServerState
+from tidal.server.net.sweep import sweep_idle
 from tidal.server.net.tls import is_loopback, tls_context
 from tidal.server.storage.backends import open_storage
 from tidal.server.storage.interface import Storage, is_url
@@ -139,7 +140,8 @@ class Server:
         for sock in self._server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sweeper = loop.create_task(self._sweep_idle(), name="tidal-idle-sweeper")
+        sweep = sweep_idle(self.connections, config.idle_timeout, config.message_timeout)
+        self._sweeper = loop.create_task(sweep, name="tidal-idle-sweeper")
         if state.metrics is not None:
             self._serve_metrics(state.metrics)
 
@@ -235,28 +237,6 @@ class Server:
         assert self._metrics_server is not None, "metrics are off"
         port: int = self._metrics_server.server_port
         return port
-
-    async def _sweep_idle(self) -> None:
-        """Close connections that have nothing in flight and sent nothing for idle_timeout
-        (a subscriber listens: it need send nothing), and those whose partial message is
-        older than message_timeout."""
-        timeout = self.config.idle_timeout
-        message_timeout = self.config.message_timeout
-        while True:
-            # a schedule, not a synchronisation
-            await asyncio.sleep(min(timeout, message_timeout) / 4)
-            now = time.monotonic()
-            cutoff = now - timeout
-            quiet = now - min(timeout, message_timeout) / 4
-            for conn in list(self.connections):
-                if conn.closed:
-                    continue
-                if conn.last_active < cutoff and conn.inflight == 0 and conn.listener is None:
-                    conn.close_idle(timeout)
-                elif conn.partial_since is not None and conn.partial_since < now - message_timeout:
-                    conn.close_stalled(message_timeout)
-                elif conn.last_active < quiet:
-                    conn.conn.rest()  # quiet since the last sweep: let its decoder go
 
     async def shutdown(self) -> None:
         """Stop accepting and reading, commit and answer what was read, then close everything."""
