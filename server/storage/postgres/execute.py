@@ -91,15 +91,28 @@ async def commit(conn: asyncpg.Connection) -> str | None:
     return unreplicated[0] if unreplicated else None
 
 
+async def move_batch_id(
+    conn: asyncpg.Connection, last: int | None, new: int, timeout: float | None
+) -> None:
+    """The fence (``_NEXT_ID``): ``Fenced`` if the database's batch id is not ``last``."""
+    if last is None:
+        status = await conn.execute(_FIRST_ID, new, timeout=timeout)
+    else:
+        status = await conn.execute(_NEXT_ID, new, last, timeout=timeout)
+    if not status.endswith(" 1"):
+        raise Fenced(
+            "another tidal has committed to this database since this one's last commit (it"
+            " took over while this one was paused or cut off)"
+        )
+
+
 async def barrier(conn: asyncpg.Connection, batch_id: int) -> None:
     """A synchronous commit after a batch's: a standby acknowledges WAL by position, so once
     this one returns, the standbys hold every commit before it. It rewrites the batch id,
     fenced as every transaction is (``Fenced`` if it is no longer ``batch_id``)."""
     await conn.execute("BEGIN", timeout=STATEMENT_TIMEOUT)
     try:
-        status = await conn.execute(_NEXT_ID, batch_id, batch_id, timeout=STATEMENT_TIMEOUT)
-        if not status.endswith(" 1"):
-            raise Fenced("another tidal has committed to this database since this one's last")
+        await move_batch_id(conn, batch_id, batch_id, STATEMENT_TIMEOUT)
     except BaseException:
         if not conn.is_closed():
             await conn.execute("ROLLBACK", timeout=STATEMENT_TIMEOUT)
@@ -150,15 +163,7 @@ async def run(
                 in_transaction = True
             else:
                 ids.next_id += 1
-                if ids.last_id is None:
-                    status = await conn.execute(_FIRST_ID, ids.next_id, timeout=t)
-                else:
-                    status = await conn.execute(_NEXT_ID, ids.next_id, ids.last_id, timeout=t)
-                if not status.endswith(" 1"):
-                    raise Fenced(
-                        "another tidal has committed to this database since this one's last"
-                        " commit (it took over while this one was paused or cut off)"
-                    )
+                await move_batch_id(conn, ids.last_id, ids.next_id, t)
                 in_transaction = False
                 warning = await commit(conn)
                 if warning is not None:

@@ -126,13 +126,7 @@ class WriterSession:
     async def fence(self, conn: asyncpg.Connection) -> None:
         """Retake the lock; then the database must hold this server's last batch id, or
         another server has written since (memory would no longer be what is on disk)."""
-        if not await self.lock.retake(conn):
-            raise StorageFailure(
-                f"another tidal ({await self.lock.holder(conn)}) took the database while this"
-                " server's connection was lost; this server stops writing",
-                transient=False,
-                fenced=True,
-            )
+        await self._retake(conn, "this server's connection was lost", unknown=False)
         last = await conn.fetchval(BATCH_ID, timeout=STATEMENT_TIMEOUT)
         if last != self.ids.last_id:
             raise StorageFailure(
@@ -142,6 +136,17 @@ class WriterSession:
                 fenced=True,
             )
         await hold_lock(conn, self.idle_timeout)
+
+    async def _retake(self, conn: asyncpg.Connection, when: str, *, unknown: bool) -> None:
+        """The lock again, on a new session; another tidal holding it fences this one."""
+        if not await self.lock.retake(conn):
+            raise StorageFailure(
+                f"another tidal ({await self.lock.holder(conn)}) took the database while {when};"
+                " this server stops writing",
+                transient=False,
+                outcome_unknown=unknown,
+                fenced=True,
+            )
 
     async def find_out(self, batch_id: int) -> None:
         """Whether the COMMIT whose answer was lost (or whose wait for a standby was cancelled)
@@ -165,14 +170,7 @@ class WriterSession:
                 await asyncio.sleep(delay)  # a schedule, not a synchronisation
                 delay = min(BACKOFF_MAX, delay * 2)
         try:
-            if not await self.lock.retake(conn):
-                raise StorageFailure(
-                    f"another tidal ({await self.lock.holder(conn)}) took the database while a"
-                    " COMMIT's outcome was unknown; this server stops writing",
-                    transient=False,
-                    outcome_unknown=True,
-                    fenced=True,
-                )
+            await self._retake(conn, "a COMMIT's outcome was unknown", unknown=True)
             last = await conn.fetchval(BATCH_ID, timeout=STATEMENT_TIMEOUT)
             await hold_lock(conn, self.idle_timeout)
         except BaseException:
