@@ -29,12 +29,12 @@ ROOT = Path(__file__).resolve().parent
 #: Kept interpreted: storage and the modules tests reach into (their constants are
 #: patched, which compiled code would not see), app, and everything off the hot path.
 COMPILED = {
-    "protocol": ["framing", "connection", "headers", "messages"],
+    "protocol": ["framing", "connection", "headers", "messages", "partitions"],
     "server/net": ["connection", "flow", "replies"],
     "server/core": [
         "aggregates", "batch", "board", "chunks", "cohorts", "counts", "keys", "ledger", "matching",
-        "members", "params", "parts", "past", "ranking", "reload", "replies", "restore", "signals",
-        "sums", "tallies", "windows",
+        "members", "owners", "params", "parts", "past", "ranking", "reload", "replies", "restore",
+        "signals", "sums", "tallies", "windows",
     ],
     "server/engine": ["changes", "committer", "delivery", "engine", "health", "ranked", "reads"],
 }  # fmt: skip

@@ -1,6 +1,7 @@
 """The Python client for tidal: ``await Client.connect(host, port)``."""
 
 from .client import Client
+from .cluster import ClusterClient, PartlyApplied
 from .errors import (
     CallTimeout,
     ClientError,
@@ -12,6 +13,7 @@ from .errors import (
     InvalidParams,
     InvalidRequest,
     MethodNotFound,
+    Moved,
     ParseError,
     RequestTooLarge,
     ServerError,
@@ -40,6 +42,7 @@ __all__ = [
     "CallTimeout",
     "Client",
     "ClientError",
+    "ClusterClient",
     "ConnectFailed",
     "ConnectionLost",
     "Counts",
@@ -53,7 +56,9 @@ __all__ = [
     "LeftUsers",
     "Membership",
     "MethodNotFound",
+    "Moved",
     "ParseError",
+    "PartlyApplied",
     "Ranked",
     "RequestTooLarge",
     "ServerError",

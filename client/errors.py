@@ -115,6 +115,19 @@ class TooLarge(ServerError):
     code = ErrorCode.TOO_LARGE
 
 
+class Moved(ServerError):
+    """The user's partition is served by another node of the cluster: nothing was applied.
+    ``address`` is the node that serves it, as ``host:port``, or None while no node does
+    (docs/PROTOCOL.md)."""
+
+    code = ErrorCode.MOVED
+
+    @property
+    def address(self) -> str | None:
+        last = self.message.rsplit(" ", 1)[-1]
+        return None if last == "unknown" else last
+
+
 _BY_CODE: dict[int, type[ServerError]] = {
     cls.code: cls
     for cls in (
@@ -126,6 +139,7 @@ _BY_CODE: dict[int, type[ServerError]] = {
         Unauthorized,
         Unavailable,
         TooLarge,
+        Moved,
     )
 }
 

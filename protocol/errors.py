@@ -21,6 +21,7 @@ class ErrorCode(IntEnum):
     UNAUTHORIZED = 1
     UNAVAILABLE = 2
     TOO_LARGE = 3
+    MOVED = 4
 
 
 class ProtocolError(Exception):

@@ -20,7 +20,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import start_http_server
 
@@ -38,6 +38,9 @@ from .config import Config, redact
 from .errors import ProtectedMode, StartupError
 from .metrics import Metrics
 
+if TYPE_CHECKING:
+    from tidal.server.cluster import Node
+
 log = logging.getLogger("tidal.server")
 
 
@@ -51,6 +54,7 @@ class Server:
         self._lock: DatabaseLock | None = None
         self._storage: Storage | None = None
         self._engine: Engine | None = None
+        self._node: Node | None = None  # cluster mode
         self._stopped = False
         #: set if the last commits at shutdown did not all commit: ``run`` then exits 1
         self.unclean: str | None = None
@@ -104,6 +108,8 @@ class Server:
             raise
         self._engine = engine
         engine.start()
+        if self._node is not None:
+            self._node.start(engine, self._clock)
         self.state.handler = engine
         host, port = self.address
         log.info(
@@ -170,12 +176,18 @@ class Server:
         if config.standby:
             began = time.perf_counter()  # the wait is not the load
         window_ns = int(config.idempotency_window * 1e9)
-        snapshot = await self._storage.load(
-            self._clock() - window_ns,
-            config.idempotency_max_keys,
-            config.half_lives(),
-            self._clock(),
-        )
+        if config.cluster:
+            from tidal.server.cluster import Node  # asyncpg, only once chosen
+
+            self._node = node = await Node.join(self._storage, config)
+            snapshot = await node.load(config.half_lives(), self._clock())
+        else:
+            snapshot = await self._storage.load(
+                self._clock() - window_ns,
+                config.idempotency_max_keys,
+                config.half_lives(),
+                self._clock(),
+            )
         read = time.perf_counter()
         engine = Engine(
             self._storage,
@@ -193,6 +205,7 @@ class Server:
             event_retention=config.event_retention,
             heartbeat=config.feed_heartbeat,
             rewrite_chunk=config.rewrite_chunk,
+            owners=None if self._node is None else self._node.owners,
         )
         _settle_gc()
         done = time.perf_counter()
@@ -258,6 +271,8 @@ class Server:
             self._metrics_server.server_close()
         for conn in list(self.connections):
             conn.drain()
+        if self._node is not None:
+            await self._node.stop()
         if self._engine is not None:
             try:
                 await asyncio.wait_for(self._engine.close(), self.config.shutdown_timeout)

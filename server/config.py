@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_PREDICATE_BYTES, MIN_MESSAGE_SIZE
+from tidal.protocol.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.windows import parse_half_life
@@ -26,6 +27,7 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 MAX_HALF_LIVES: Final = 8
+_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -59,6 +61,21 @@ class Config:
         "PostgreSQL only: wait for the database while another tidal serves it, and take over"
         " when that one's session ends (health says standby meanwhile)",
         kind="switch",
+    )
+    cluster: str | None = _setting(
+        None,
+        "PostgreSQL only: serve as one node of the cluster of this name: users are split into"
+        " partitions, each served by one node (docs/SCALING.md); needs --advertise",
+    )
+    advertise: str | None = _setting(
+        None,
+        "with --cluster: host:port where clients reach this node, as partition_map and the"
+        " moved error name it; also this node's name in the cluster",
+    )
+    partitions: int = _setting(
+        DEFAULT_PARTITIONS,
+        "with --cluster: partitions of a new cluster (fixed once it is made; a node joining"
+        " one takes the cluster's number)",
     )
     db_idle_timeout: float = _setting(
         20.0,
@@ -190,6 +207,7 @@ class Config:
                 "standby: needs a PostgreSQL --db (a SQLite file is served by one process on"
                 " one machine: there is nothing for a standby to take over)",
             ),
+            *self._cluster_rules(),
         ]
         try:
             self.half_lives()
@@ -202,6 +220,35 @@ class Config:
         broken = [rule for ok, rule in rules if not ok]
         if broken:
             raise BadSettings("invalid settings: " + "; ".join(broken))
+
+    def _cluster_rules(self) -> list[tuple[bool, str]]:
+        if self.cluster is None:
+            return []
+        address = self.advertise or ""
+        host, _, port = address.rpartition(":")
+        return [
+            (
+                self.db.startswith(("postgresql://", "postgres://")),
+                "cluster: needs a PostgreSQL --db (the nodes share it)",
+            ),
+            (
+                bool(_NAME.fullmatch(self.cluster)),
+                "cluster: 1 to 64 letters, digits, '.', '_' or '-'",
+            ),
+            (
+                bool(host) and port.isdigit() and 1 <= int(port) <= 65535,
+                f"advertise: host:port where clients reach this node, got {address!r}",
+            ),
+            (
+                1 <= self.partitions <= MAX_PARTITIONS,
+                f"partitions: 1 to {MAX_PARTITIONS}",
+            ),
+            (not self.standby, "cluster: a node needs no --standby (the others take over)"),
+            (
+                self.ledger_retention == 0,
+                "cluster: ledger_retention is not served in cluster mode yet",
+            ),
+        ]
 
     def half_lives(self) -> list[int]:
         """``trend_half_lives`` in seconds, each once, in the order given."""

@@ -42,6 +42,13 @@ class Unavailable(RequestError):
     code = ErrorCode.UNAVAILABLE
 
 
+class Moved(RequestError):
+    """Cluster mode: the user's partition is served by another node (its address ends the
+    message), or by none right now ("unknown"). Nothing was applied."""
+
+    code = ErrorCode.MOVED
+
+
 # -- storage ----------------------------------------------------------------
 
 
@@ -52,7 +59,9 @@ class StorageFailure(TidalError):
     COMMIT's answer lost, and the database not reachable to ask). ``data``: the database
     refused a value the batch carried, and is itself fine: that batch is refused, and
     storage is not thought any the worse for it. ``fenced``: another tidal has taken the
-    database over; this one must never write again (the server stops, exit status 3)."""
+    database over; this one must never write again (the server stops, exit status 3).
+    ``moved``: cluster mode: partitions this node no longer owns (another node took them
+    while it was paused or cut off); the batch is refused, and the node stops serving them."""
 
     def __init__(
         self,
@@ -63,13 +72,29 @@ class StorageFailure(TidalError):
         outcome_unknown: bool = False,
         data: bool = False,
         fenced: bool = False,
+        moved: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(message)
+        self.moved = moved
         self.transient = transient
         self.fenced = fenced
         self.state = state
         self.outcome_unknown = outcome_unknown
         self.data = data
+
+
+class PartitionsLost(TidalError):
+    """Cluster mode: a transaction found partitions it writes for at another epoch than
+    the one this node took them at: another node has taken them (``plans.FENCE``)."""
+
+    def __init__(self, parts: frozenset[int]) -> None:
+        listed = ", ".join(map(str, sorted(parts)))
+        many = len(parts) > 1
+        super().__init__(
+            f"partition{'s' if many else ''} {listed} {'were' if many else 'was'} taken by"
+            " another node"
+        )
+        self.parts = parts
 
 
 class CommitUnknown(TidalError):

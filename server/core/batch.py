@@ -64,6 +64,9 @@ class Batch:
     replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)
     writers: set[Replier] = field(default_factory=set)  # connections with a write here
     undo: list[Undo] = field(default_factory=list)
+    #: cluster mode: the partitions this batch writes for -> the epoch this node holds each
+    #: at; its transaction commits only if the database still has them (``core.owners``)
+    parts: dict[int, int] = field(default_factory=dict)
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to

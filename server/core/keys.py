@@ -37,6 +37,13 @@ class Keys:
             return None  # a retry of an erased signal: its key is forgotten
         return ack
 
+    def adopt(self, loaded: OrderedDict[str, Ack]) -> None:
+        """Cluster mode: the keys of partitions taken over, as the database holds them."""
+        for key, ack in loaded.items():
+            known = self._keys.get(key)
+            if known is None or known[2] <= ack[2]:
+                self._keys[key] = ack
+
     def erasing(self, batch: Batch, user_id: int, before_seq: int) -> None:
         batch.undo.append(_Erasing(self._erasing, user_id, self._erasing.get(user_id)))
         self._erasing[user_id] = before_seq

@@ -7,6 +7,7 @@ exactly when they are a key of ``_left``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, TypeAlias
 
 from .batch import Batch
@@ -94,6 +95,17 @@ class Members:
         members = cls()
         members._left, members._rejoined = left, rejoined
         return members
+
+    def reload(
+        self, ours: Callable[[int], bool], left: dict[int, int], rejoined: dict[int, int]
+    ) -> None:
+        """Cluster mode: partitions taken over. Their users' state as the database holds it
+        replaces what this node knew of them (from when it last served them, if ever)."""
+        for kept in (self._left, self._rejoined):
+            for user_id in [u for u in kept if ours(u)]:
+                del kept[user_id]
+        self._left.update(left)
+        self._rejoined.update(rejoined)
 
 
 class _Restore(NamedTuple):

@@ -34,6 +34,8 @@ class Changes:
         user_id = params.user_id(args[0])
         purge = params.leave_options(args[1]) if len(args) > 1 else False
         batch = self._e.committer.writable()
+        if self._e.owners is not None:
+            self._e.owners.check(user_id, batch)
         membership = self._e.members.leave(batch, user_id, self._event_ns())
         at = membership.left_at_ns
         assert at is not None  # a leave has its time
@@ -58,6 +60,8 @@ class Changes:
         params.arity(args, "rejoin", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         batch = self._e.committer.writable()
+        if self._e.owners is not None:
+            self._e.owners.check(user_id, batch)
         membership = self._e.members.rejoin(batch, user_id)
         if membership is not None:
             at = self._event_ns()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
 from tidal.server.core.replies import Later, Replier
 from tidal.server.errors import CommitUnknown, StorageFailure, Unavailable
@@ -91,6 +92,9 @@ class Committer:
         self._task: asyncio.Task[None] | None = None
         #: set, with why, once another tidal has taken the database over: the server stops
         self.deposed: asyncio.Future[str] | None = None
+        #: cluster mode: told of partitions a commit found another node had taken
+        self.lost: Callable[[frozenset[int]], None] = lambda parts: None
+        self._settling: list[tuple[Batch, asyncio.Future[None]]] = []
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -150,6 +154,18 @@ class Committer:
         conn.reading(True)
         self.wake()
 
+    def settled(self) -> asyncio.Future[None]:
+        """Done once every write read so far has committed, or been refused: cluster mode
+        hands a partition over only after that (``cluster``)."""
+        done = asyncio.get_running_loop().create_future()
+        batch = self.open if self.open.pending() else self.inflight
+        if batch is None:
+            done.set_result(None)
+        else:
+            self._settling.append((batch, done))
+            self.wake()
+        return done
+
     # -- the writer ------------------------------------------------------
 
     async def _run(self) -> None:
@@ -187,6 +203,16 @@ class Committer:
                 self._deliver(batch)
             finally:
                 self.inflight = None
+                if self._settling:
+                    self._settle()
+
+    def _settle(self) -> None:
+        waiting, self._settling = self._settling, []
+        for batch, done in waiting:
+            if batch is self.open:
+                self._settling.append((batch, done))
+            elif not done.done():
+                done.set_result(None)
 
     async def _commit(self, batch: Batch) -> None:
         """Returns once ``batch`` has committed; raises ``StorageFailure`` if it has not.
@@ -268,6 +294,16 @@ class Committer:
                 change.undo()
         self.open = Batch(batch.first_seq)
         self._steps.failed(batch, later)
+        if exc.moved:  # cluster mode: another node serves these partitions now
+            log.warning("%s; this node stops serving them", exc)
+            self.lost(exc.moved)
+            refuse(
+                (batch, later),
+                f"moved: {exc} while this request was being committed; nothing of it was"
+                " saved; served by unknown",
+                ErrorCode.MOVED,
+            )
+            return
         if exc.data:  # the database is fine: only these writes are refused
             _refusals(
                 "data", logging.ERROR, "%s; the writes in it were refused, later writes go on", exc

@@ -29,9 +29,11 @@ def deliver(batch: Batch) -> None:
         conn.flush()
 
 
-def refuse(batches: tuple[Batch, ...], message: str) -> None:
-    """Error 2 for every reply that depended on ``batches``; a report (health) is
-    answered as things now are."""
+def refuse(
+    batches: tuple[Batch, ...], message: str, code: ErrorCode = ErrorCode.UNAVAILABLE
+) -> None:
+    """Error 2 (or ``code``) for every reply that depended on ``batches``; a report
+    (health) is answered as things now are."""
     touched: dict[Replier, None] = {}
     for failed in batches:
         for conn, msgid, result in failed.replies:
@@ -42,7 +44,7 @@ def refuse(batches: tuple[Batch, ...], message: str) -> None:
                     answer(conn, msgid, result.answer)
                     touched[conn] = None
                     continue
-            conn.reply_error(msgid, ErrorCode.UNAVAILABLE, message)
+            conn.reply_error(msgid, code, message)
             touched[conn] = None
     for conn in touched:
         conn.flush()

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
+from tidal.protocol.partitions import HASH
 from tidal.server.core import chunks, ledger, params, restore
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
@@ -30,6 +32,7 @@ from tidal.server.core.chunks import Shelf
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
+from tidal.server.core.owners import Owners
 from tidal.server.core.replies import Replier
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.rewrites import Rewrites
@@ -81,8 +84,12 @@ class Engine:
         event_retention: float = 0.0,
         heartbeat: float = 5.0,
         rewrite_chunk: int = REWRITE_CHUNK,
+        owners: Owners | None = None,
     ) -> None:
         self.storage = storage
+        self.owners = owners
+        #: cluster mode: seqs below this are an older block's (``cluster``): never given again
+        self._seq_floor = snapshot.next_seq
         self._clock = clock
         self.connections = connections
         self.reply_budget = max_reply - REPLY_ENVELOPE
@@ -134,6 +141,7 @@ class Engine:
             "ping": self._ping,
             "signal": self._signal,
             "signal_batch": self._signal_batch,
+            "partition_map": self._partition_map,
         }
         changes = Changes(self, snapshot.last_event_ns, clock)
         self._methods.update(
@@ -159,6 +167,9 @@ class Engine:
             top=ranked.top,
             left_users=reads.left_users,
         )
+        if owners is not None:
+            for method in _NOT_IN_CLUSTER:
+                self._methods[method] = _not_in_cluster(method)
 
     def start(self) -> None:
         self.committer.start()
@@ -195,9 +206,19 @@ class Engine:
         params.arity(args, "ping", "none", 0, 0)
         conn.reply(msgid, "pong")
 
+    def _partition_map(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        params.arity(args, "partition_map", "none", 0, 0)
+        if self.owners is not None:
+            conn.reply(msgid, self.owners.wire())
+        else:  # one node serves every user
+            one = {"cluster": None, "node": None, "partitions": 1, "hash": HASH}
+            conn.reply(msgid, {**one, "owners": [[None, 0]]})
+
     def _signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         s = single_signal(args)
         batch = self.committer.writable()
+        if self.owners is not None:
+            self.owners.check(s.user_id, batch)
         now = self._clock()
         if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
             _ahead("context.at_ns", s.at_ns, now)
@@ -207,6 +228,9 @@ class Engine:
     def _signal_batch(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         signals, compact = signal_batch(args)  # all valid, or none applied
         batch = self.committer.writable()
+        if self.owners is not None:  # all here, or none applied
+            for s in signals:
+                self.owners.check(s.user_id, batch)
         now = self._clock()
         for i, s in enumerate(signals):
             if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
@@ -279,6 +303,10 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
+        if self.owners is not None:
+            # cluster mode keeps no board, feed or user blocks on disk yet (docs/SCALING.md)
+            batch.changes.clear()
+            return
         self.feed.prepare(batch)
         if self.aggregates.due(self.board) or self.shelf.rewrite:
             self._checkpoint(batch)
@@ -296,7 +324,7 @@ class Engine:
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
-        if not (self.board.dirty() or self.shelf.rewrite):
+        if self.owners is not None or not (self.board.dirty() or self.shelf.rewrite):
             return False
         self._checkpoint(batch)
         return True
@@ -343,6 +371,38 @@ class Engine:
     def failed(self, batch: Batch, later: Batch) -> None:
         if batch.board_changed is not None:
             self.board.put_back(batch.board_changed)
-        self._next_seq = batch.first_seq
+        self._next_seq = max(batch.first_seq, self._seq_floor)
         self.feed.failed(batch, later)
         self.past.failed((batch, later))
+
+    # -- cluster mode -----------------------------------------------------
+
+    def adopt(
+        self,
+        ours: Callable[[int], bool],
+        left: dict[int, int],
+        rejoined: dict[int, int],
+        keys: OrderedDict[str, tuple[int, bool, int]],
+        first_seq: int,
+    ) -> None:
+        """Partitions taken over: their users' state as the database holds it, and seqs
+        from a block above any their previous owner used (``first_seq``)."""
+        self.members.reload(ours, left, rejoined)
+        self.keys.adopt(keys)
+        self._seq_floor = max(self._seq_floor, first_seq)
+        self._next_seq = max(self._next_seq, first_seq)
+
+
+#: what cluster mode does not serve yet: reads across users, and what changes every node's
+#: aggregates or the feed (docs/SCALING.md says what is built)
+_NOT_IN_CLUSTER = (
+    "counts", "top", "left_users", "cohorts", "define_cohort", "drop_cohort", "purge", "erase",
+    "subscribe", "unsubscribe",
+)  # fmt: skip
+
+
+def _not_in_cluster(method: str) -> Handler:
+    def refuse(conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        raise MethodNotFound(f"{method}: not served in cluster mode yet (docs/SCALING.md)")
+
+    return refuse

@@ -43,7 +43,10 @@ class Reads:
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "status", "user_id", 1, 1)
-        status = self._engine.members.status(params.user_id(args[0]))
+        user_id = params.user_id(args[0])
+        if self._engine.owners is not None:
+            self._engine.owners.check(user_id)
+        status = self._engine.members.status(user_id)
         self._engine.committer.answer(conn, msgid, status.wire())
 
     def cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
@@ -80,6 +83,8 @@ class Reads:
         most = min(MAX_HISTORY, self._engine.reply_budget // HISTORY_LINE_BYTES)
         limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(100, most)
         after_ns = params.time_ns(args[2], "after_ns") if len(args) > 2 else 0
+        if self._engine.owners is not None:
+            self._engine.owners.check(user_id)
         if msgid is None:
             conn.reply(None, None)
             return

@@ -12,6 +12,7 @@ from tidal.server.core.board import Board
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
+from tidal.server.core.owners import Owners
 from tidal.server.storage.interface import Storage
 
 from .committer import Committer
@@ -27,6 +28,8 @@ class EngineState(Protocol):
     feed: Feed
     past: Past
     members: Members
+    #: cluster mode: the partitions this node serves (None: one node serves every user)
+    owners: Owners | None
     cohorts: Registry
     keys: Keys
     aggregates: Aggregates

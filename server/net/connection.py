@@ -244,9 +244,8 @@ class ServerConnection(asyncio.Protocol):
         if msgid is None:
             log.debug("notification from %s refused: %s", self.peer, message)
             return
-        _replies(
-            code, logging.WARNING, "error %d to %s (msgid %d): %s", code, self.peer, msgid, message
-        )
+        level = logging.DEBUG if code == ErrorCode.MOVED else logging.WARNING  # routing's
+        _replies(code, level, "error %d to %s (msgid %d): %s", code, self.peer, msgid, message)
         if self._metrics is not None:
             self._observe(msgid)
             self._metrics.error(int(code))

@@ -23,6 +23,7 @@ async def open_storage(config: Config, standby: Callable[[str], None] | None) ->
             config.db_password_file,
             idle_timeout=config.db_idle_timeout,
             standby=standby,
+            node=config.advertise if config.cluster else None,
         )
     from tidal.server.storage.sqlite.runner import SqliteStorage
 

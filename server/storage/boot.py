@@ -121,6 +121,22 @@ def load(
     )
 
 
+def load_node(half_lives: Sequence[int], now_ns: int, first_seq: int) -> Plan[Snapshot]:
+    """Cluster mode: what a node needs before it serves any partition. Leave state and keys
+    come per partition, as it takes them (``cluster``); it keeps no board on disk yet."""
+    cohorts = [
+        (cid, name, msgpack.unpackb(blob, raw=False))
+        for cid, name, blob in (yield Rows("SELECT id, name, predicate FROM cohorts ORDER BY id"))
+    ]
+    meta = dict((yield Rows("SELECT key, value FROM meta")))
+    decay = [(hl, windows.first_base(now_ns, hl)) for hl in half_lives]
+    board = BoardRows(decay=decay, next_tally_id=1)
+    return Snapshot(
+        {}, {}, cohorts, first_seq, int(meta.get("next_cohort_id", 1)), first_seq - 1, [],
+        OrderedDict(), 0, 0, first_seq, [], board, 0, {},
+    )  # fmt: skip
+
+
 _ROWS: Final = "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns)"
 
 

@@ -14,6 +14,7 @@ import msgpack
 
 from tidal.server.core import ledger, past
 from tidal.server.core.batch import Batch
+from tidal.server.errors import PartitionsLost
 
 from . import buckets, events
 from . import past as storage_past
@@ -52,6 +53,14 @@ _KEYS: Final = Bulk(
     " ON CONFLICT (key) DO UPDATE SET seq = excluded.seq, forwarded = excluded.forwarded,"
     " ts_ns = excluded.ts_ns",
 )
+#: cluster mode: the partitions a batch writes for, at the epochs this node took them at.
+#: The share lock makes a node taking one of them over wait for this transaction, and this
+#: one see its new epoch if it took it first: the batch then commits nothing.
+FENCE: Final = """
+    SELECT p.part FROM tidal_partitions p
+    JOIN unnest(?::int[], ?::bigint[]) AS held(part, epoch)
+      ON p.part = held.part AND p.epoch = held.epoch
+    FOR SHARE OF p"""
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
@@ -84,6 +93,10 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
             yield Rows("SELECT 1")
         return False
     yield Begin()
+    if batch.parts:
+        held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
+        if len(held) != len(batch.parts):
+            raise PartitionsLost(frozenset(batch.parts) - {part for (part,) in held})
     yield Put(LEDGER, batch.ledger)
     memberships = batch.memberships.items()
     yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])

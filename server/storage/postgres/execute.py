@@ -48,10 +48,8 @@ class Fenced(Exception):
 #: next only if it is still this server's last. The row lock it takes makes a concurrent
 #: writer wait, then see the new id and match nothing: of two tidals that both believe
 #: they serve the database, one commits, the other rolls back.
-_NEXT_ID: Final = "UPDATE meta SET value = $1 WHERE key = 'batch_id' AND value = $2"
-_FIRST_ID: Final = (
-    "INSERT INTO meta (key, value) VALUES ('batch_id', $1) ON CONFLICT (key) DO NOTHING"
-)
+_NEXT_ID: Final = "UPDATE meta SET value = $1 WHERE key = $3 AND value = $2"
+_FIRST_ID: Final = "INSERT INTO meta (key, value) VALUES ($2, $1) ON CONFLICT (key) DO NOTHING"
 
 
 @dataclass(slots=True)
@@ -61,6 +59,8 @@ class BatchIds:
 
     last_id: int | None = None
     next_id: int = field(default_factory=lambda: secrets.randbits(62))  # no other server's
+    #: its row in ``meta``: ``batch_id``, or in cluster mode ``batch_id:NODE``, each node's own
+    key: str = "batch_id"
 
 
 async def commit(conn: asyncpg.Connection) -> str | None:
@@ -92,13 +92,13 @@ async def commit(conn: asyncpg.Connection) -> str | None:
 
 
 async def move_batch_id(
-    conn: asyncpg.Connection, last: int | None, new: int, timeout: float | None
+    conn: asyncpg.Connection, key: str, last: int | None, new: int, timeout: float | None
 ) -> None:
     """The fence (``_NEXT_ID``): ``Fenced`` if the database's batch id is not ``last``."""
     if last is None:
-        status = await conn.execute(_FIRST_ID, new, timeout=timeout)
+        status = await conn.execute(_FIRST_ID, new, key, timeout=timeout)
     else:
-        status = await conn.execute(_NEXT_ID, new, last, timeout=timeout)
+        status = await conn.execute(_NEXT_ID, new, last, key, timeout=timeout)
     if not status.endswith(" 1"):
         raise Fenced(
             "another tidal has committed to this database since this one's last commit (it"
@@ -106,13 +106,13 @@ async def move_batch_id(
         )
 
 
-async def barrier(conn: asyncpg.Connection, batch_id: int) -> None:
+async def barrier(conn: asyncpg.Connection, key: str, batch_id: int) -> None:
     """A synchronous commit after a batch's: a standby acknowledges WAL by position, so once
     this one returns, the standbys hold every commit before it. It rewrites the batch id,
     fenced as every transaction is (``Fenced`` if it is no longer ``batch_id``)."""
     await conn.execute("BEGIN", timeout=STATEMENT_TIMEOUT)
     try:
-        await move_batch_id(conn, batch_id, batch_id, STATEMENT_TIMEOUT)
+        await move_batch_id(conn, key, batch_id, batch_id, STATEMENT_TIMEOUT)
     except BaseException:
         if not conn.is_closed():
             await conn.execute("ROLLBACK", timeout=STATEMENT_TIMEOUT)
@@ -163,7 +163,7 @@ async def run(
                 in_transaction = True
             else:
                 ids.next_id += 1
-                await move_batch_id(conn, ids.last_id, ids.next_id, t)
+                await move_batch_id(conn, ids.key, ids.last_id, ids.next_id, t)
                 in_transaction = False
                 warning = await commit(conn)
                 if warning is not None:

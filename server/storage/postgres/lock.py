@@ -17,6 +17,8 @@ log = logging.getLogger("tidal.storage")
 #: of the schema tidal's tables are in (advisory locks are per database; tidal's tables are
 #: per schema, so two tidals in two schemas of one database are two databases to tidal)
 LOCK_CLASS: Final = 0x7469_6461
+#: ... and for "one process per cluster node", of the schema and the node's name: "tidn"
+NODE_CLASS: Final = 0x7469_646E
 _HOLDER: Final = """
     SELECT a.pid, a.client_addr, a.application_name, a.backend_start FROM pg_locks l
     JOIN pg_stat_activity a USING (pid)
@@ -31,9 +33,15 @@ _TAKE: Final = """
 
 
 class AdvisoryLock:
-    def __init__(self, schema: str) -> None:
-        crc = zlib.crc32(schema.encode("utf-8"))
-        self.key = (LOCK_CLASS, crc - (1 << 32) if crc >= 1 << 31 else crc)
+    def __init__(self, schema: str, node: str | None = None) -> None:
+        """Cluster mode (``node``): each node's writer holds a lock of its own, which also
+        tells the other nodes it is alive (``cluster``)."""
+        name = schema if node is None else f"{schema}\0{node}"
+        crc = zlib.crc32(name.encode("utf-8"))
+        self.key = (
+            LOCK_CLASS if node is None else NODE_CLASS,
+            crc - (1 << 32) if crc >= 1 << 31 else crc,
+        )
         #: the backend of this server's last writer session, (pid, start): on a network that
         #: went silent, the database may not know yet that it is gone, and it still holds
         #: the lock

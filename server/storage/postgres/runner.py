@@ -26,12 +26,20 @@ import asyncpg
 
 from tidal.server.config import Durability, redact
 from tidal.server.core.batch import Batch
-from tidal.server.errors import CommitUnknown, DatabaseInUse, DatabaseUnusable, StorageFailure
+from tidal.server.errors import (
+    CommitUnknown,
+    DatabaseInUse,
+    DatabaseUnusable,
+    PartitionsLost,
+    StorageFailure,
+)
 from tidal.server.storage import boot, plans
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
+from .cluster import cluster_of
 from .execute import BatchIds, CommitLost, CommitUnreplicated, Fenced, run
+from .lock import AdvisoryLock
 from .schema import migrate
 from .session import (
     CONNECT_TIMEOUT,
@@ -67,11 +75,15 @@ class PgStorage:
         writer: asyncpg.Connection,
         schema: str,
         idle_timeout: float = IDLE_TIMEOUT,
+        node: str | None = None,
     ) -> None:
         #: seconds without a commit after which the writer probes its session (``probe``)
         self.probe_every: float | None = idle_timeout * PROBE_SHARE
         self.location = redact(url)
-        self._session = WriterSession(url, options, writer, schema, idle_timeout, self.location)
+        self.schema = schema
+        self._session = WriterSession(
+            url, options, writer, schema, idle_timeout, self.location, node
+        )
         self.commits = 0
         self._reader: asyncpg.Connection | None = None  # for reads beside the writer
         self._size = 0
@@ -86,10 +98,12 @@ class PgStorage:
         *,
         idle_timeout: float = IDLE_TIMEOUT,
         standby: Callable[[str], None] | None = None,
+        node: str | None = None,
     ) -> PgStorage:
         """The database, its lock taken and its tables made current. Another tidal holding
         the lock is an operator's mistake (``DatabaseInUse``), unless this one is a
-        ``standby``: it is told who holds the lock, and it waits until that session ends."""
+        ``standby``: it is told who holds the lock, and it waits until that session ends.
+        A cluster ``node`` takes its own node's lock instead (``cluster``)."""
         if durability not in ("full", "normal"):
             raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
         location = redact(url)
@@ -105,11 +119,17 @@ class PgStorage:
         if password_file:
             options["password"] = read_password(password_file)
         writer, schema = await open_session(url, options, location)
-        storage = cls(url, options, writer, schema, idle_timeout)
+        storage = cls(url, options, writer, schema, idle_timeout, node)
         session = storage._session
         try:
             if not await session.lock.take(writer):
                 holder = await session.lock.holder(writer)
+                if node is not None:
+                    raise DatabaseInUse(
+                        f"--db {location}: another tidal ({holder}) already serves as the node"
+                        f" {node} of this database's cluster; stop it first, or advertise"
+                        " this one at another address"
+                    )
                 if standby is None:
                     raise DatabaseInUse(
                         f"--db {location}: another tidal ({holder}) already serves this"
@@ -120,7 +140,13 @@ class PgStorage:
                 standby(holder)
                 writer = await session.wait(holder)
             await hold_lock(writer, idle_timeout)
-            await migrate(writer, location)
+            await migrate(writer, location, shared=node is not None)
+            cluster = await cluster_of(writer)
+            if cluster is not None and node is None:
+                raise DatabaseUnusable(
+                    f"--db {location} is the database of the cluster {cluster!r}: start each"
+                    f" node with --cluster {cluster} --advertise HOST:PORT"
+                )
         except (asyncpg.PostgresError, *LOST) as exc:  # a standby, no rights to create...
             await close_quietly(session.conn or writer)
             raise DatabaseUnusable(f"{location}: cannot set up tidal's tables: {exc}") from None
@@ -136,7 +162,7 @@ class PgStorage:
         assert conn is not None
         try:
             # the last batch id first: boot's own transactions are fenced by it too
-            ids.last_id = await conn.fetchval(BATCH_ID, timeout=STATEMENT_TIMEOUT)
+            ids.last_id = await conn.fetchval(BATCH_ID, ids.key, timeout=STATEMENT_TIMEOUT)
             # boot reads the whole state: no statement timeout (TCP still notices a dead network)
             load = boot.load(POSTGRES, keys_since_ns, max_keys, half_lives, now_ns)
             snapshot = await run(conn, ids, load, timeout=None)
@@ -144,6 +170,25 @@ class PgStorage:
             raise DatabaseUnusable(f"{self.location}: cannot load: {why(exc)}") from None
         await self._measure(conn)
         return snapshot
+
+    async def load_node(self, half_lives: Sequence[int], now_ns: int, first_seq: int) -> Snapshot:
+        """Cluster mode's boot read (``boot.load_node``)."""
+        conn, ids = self._session.conn, self._session.ids
+        assert conn is not None
+        try:
+            ids.last_id = await conn.fetchval(BATCH_ID, ids.key, timeout=STATEMENT_TIMEOUT)
+            snapshot = await run(conn, ids, boot.load_node(half_lives, now_ns, first_seq))
+        except (asyncpg.PostgresError, *LOST) as exc:
+            raise DatabaseUnusable(f"{self.location}: cannot load: {why(exc)}") from None
+        return snapshot
+
+    async def connect(self) -> asyncpg.Connection:
+        """A session beside the writer's (cluster mode's own)."""
+        return await self._session.connect()
+
+    @property
+    def node_lock(self) -> AdvisoryLock:
+        return self._session.lock
 
     async def commit(self, batch: Batch) -> None:
         conn = await self._session.connection()
@@ -159,6 +204,8 @@ class PgStorage:
             raise StorageFailure(
                 f"{exc}; this server stops writing", transient=False, fenced=True
             ) from exc
+        except PartitionsLost as exc:
+            raise StorageFailure(str(exc), transient=True, moved=exc.parts) from exc
         except CommitUnreplicated as exc:
             conn.terminate()  # settled on a new session, as a lost answer is
             batch_id = self._session.ids.next_id

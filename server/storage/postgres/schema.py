@@ -133,8 +133,24 @@ MIGRATIONS: Final[list[list[str]]] = [
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
-async def migrate(db: asyncpg.Connection, location: str) -> None:
-    """Under the advisory lock: no other tidal migrates at the same time."""
+#: pg_advisory_lock's key while cluster nodes migrate, one at a time: "tidm"
+_MIGRATING: Final = (0x7469_646D, 0)
+
+
+async def migrate(db: asyncpg.Connection, location: str, *, shared: bool = False) -> None:
+    """Under the advisory lock: no other tidal migrates at the same time. Cluster nodes
+    (``shared``) each hold a lock of their own, and take turns for this one."""
+    if shared:
+        await db.execute("SELECT pg_advisory_lock($1, $2)", *_MIGRATING)
+        try:
+            await _migrate(db, location)
+        finally:
+            await db.execute("SELECT pg_advisory_unlock($1, $2)", *_MIGRATING)
+        return
+    await _migrate(db, location)
+
+
+async def _migrate(db: asyncpg.Connection, location: str) -> None:
     await db.execute("CREATE TABLE IF NOT EXISTS tidal_schema (version INT NOT NULL)")
     version = await db.fetchval("SELECT MAX(version) FROM tidal_schema") or 0
     if version > SCHEMA_VERSION:

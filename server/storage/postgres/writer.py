@@ -36,7 +36,7 @@ log = logging.getLogger("tidal.storage")
 OUTCOME_WAIT: Final = 60.0
 BACKOFF_FIRST: Final = 0.05
 BACKOFF_MAX: Final = 2.0
-BATCH_ID: Final = "SELECT value FROM meta WHERE key = 'batch_id'"
+BATCH_ID: Final = "SELECT value FROM meta WHERE key = $1"
 
 
 class WriterSession:
@@ -48,15 +48,16 @@ class WriterSession:
         schema: str,
         idle_timeout: float,
         location: str,
+        node: str | None = None,
     ) -> None:
         self.url = url
         self.options = options
         self.location = location
         #: ``--db-idle-timeout``: the database ends this session after so long silent
         self.idle_timeout = idle_timeout
-        self.lock = AdvisoryLock(schema)
+        self.lock = AdvisoryLock(schema, node)
         self.conn: asyncpg.Connection | None = conn
-        self.ids = BatchIds()
+        self.ids = BatchIds() if node is None else BatchIds(key=f"batch_id:{node}")
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST
         self.down: str = ""
@@ -127,7 +128,7 @@ class WriterSession:
         """Retake the lock; then the database must hold this server's last batch id, or
         another server has written since (memory would no longer be what is on disk)."""
         await self._retake(conn, "this server's connection was lost", unknown=False)
-        last = await conn.fetchval(BATCH_ID, timeout=STATEMENT_TIMEOUT)
+        last = await conn.fetchval(BATCH_ID, self.ids.key, timeout=STATEMENT_TIMEOUT)
         if last != self.ids.last_id:
             raise StorageFailure(
                 "the database changed while this server's connection was lost (another"
@@ -171,7 +172,7 @@ class WriterSession:
                 delay = min(BACKOFF_MAX, delay * 2)
         try:
             await self._retake(conn, "a COMMIT's outcome was unknown", unknown=True)
-            last = await conn.fetchval(BATCH_ID, timeout=STATEMENT_TIMEOUT)
+            last = await conn.fetchval(BATCH_ID, self.ids.key, timeout=STATEMENT_TIMEOUT)
             await hold_lock(conn, self.idle_timeout)
         except BaseException:
             await close_quietly(conn)
@@ -181,7 +182,7 @@ class WriterSession:
             # visible here is not yet on a synchronous standby: its wait may still be going
             # on, or have been cancelled; a later synchronous commit settles it
             try:
-                await barrier(conn, batch_id)
+                await barrier(conn, self.ids.key, batch_id)
             except (Fenced, CommitUnreplicated, *LOST) as exc:
                 await close_quietly(conn)
                 self.conn = None

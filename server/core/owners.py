@@ -1,0 +1,74 @@
+"""Cluster mode: which partitions this node serves, and who serves the others.
+
+One sequencer per user: a request about a user is applied only by the node that owns
+the user's partition, at the epoch it took it with. The check is here, once, beside
+the gate: a dict lookup, no I/O. ``tidal.server.cluster`` changes what is owned; the
+database's epochs fence every transaction (``plans``), so a node that lost a partition
+without knowing it commits nothing for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from tidal.protocol.partitions import HASH, fmix64
+from tidal.server.errors import Moved, Unavailable
+
+from .batch import Batch
+
+
+class Owners:
+    def __init__(self, cluster: str, node: str, partitions: int) -> None:
+        self.cluster = cluster
+        self.node = node  # this node's address, as it advertises it
+        self.partitions = partitions
+        #: partitions this node serves -> the epoch it took each at
+        self.owned: dict[int, int] = {}
+        #: partitions taken and still loading here: requests for them are asked to retry
+        self.loading: set[int] = set()
+        #: partitions being handed to another node: requests for them are moved
+        self.leaving: set[int] = set()
+        #: every partition's (node address or None, epoch), as last read from the database
+        self.map: list[tuple[str | None, int]] = [(None, 0)] * partitions
+
+    def part(self, user_id: int) -> int:
+        return fmix64(user_id) % self.partitions
+
+    def check(self, user_id: int, batch: Batch | None = None) -> None:
+        """Refuses a request about ``user_id`` unless this node serves its partition; a
+        write (``batch``) notes the partition's epoch, which its transaction checks."""
+        part = fmix64(user_id) % self.partitions
+        epoch = self.owned.get(part)
+        if epoch is None:
+            self.refuse(user_id, part)
+        if batch is not None:
+            batch.parts[part] = epoch
+
+    def refuse(self, user_id: int, part: int) -> NoReturn:
+        if part in self.loading:
+            raise Unavailable(
+                f"starting: partition {part} (user {user_id}) is loading on this node; retry"
+            )
+        address = self.map[part][0]
+        if address == self.node:  # leaving, or lost: the next owner is not known yet
+            address = None
+        raise Moved(
+            f"moved: user {user_id} is in partition {part}, served by {address or 'unknown'}"
+        )
+
+    def wire(self) -> dict[str, Any]:
+        """``partition_map``'s answer."""
+        owners: list[list[Any]] = []
+        for part, (address, epoch) in enumerate(self.map):
+            if part in self.owned:
+                address, epoch = self.node, self.owned[part]
+            elif address == self.node:
+                address = None
+            owners.append([address, epoch])
+        return {
+            "cluster": self.cluster,
+            "node": self.node,
+            "partitions": self.partitions,
+            "hash": HASH,
+            "owners": owners,
+        }

@@ -1,0 +1,195 @@
+"""Cluster mode's tables and statements: the cluster, its nodes, and which node owns each
+partition, at which epoch (``tidal.server.cluster`` decides what to take and release).
+
+A node is alive while its writer's session holds its advisory lock (``lock.NODE_CLASS``):
+the database drops the lock the moment that session ends (the process killed, its
+network cut once the keepalives give up, or silent past ``--db-idle-timeout``), and the
+other nodes then take its partitions. Taking one bumps its epoch; every write
+transaction checks the epochs it was written under (``plans.FENCE``), so the node that
+lost a partition commits nothing more for it, whether or not it knows yet.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+
+from tidal.protocol.partitions import HASH, fmix64
+from tidal.server.errors import DatabaseInUse, DatabaseUnusable
+from tidal.server.storage.sqlbulk import from_db
+
+from .lock import AdvisoryLock
+from .session import STATEMENT_TIMEOUT
+
+#: seqs per block: a node takes a new block when it starts and whenever it takes
+#: partitions, so that a user's seqs keep growing from one owner to the next
+BLOCK_BITS: Final = 40
+#: pg_advisory_xact_lock's key while a node sets the tables up: "tids"
+_SETUP: Final = (0x7469_6473, 0)
+
+_TABLES: Final = (
+    """CREATE TABLE IF NOT EXISTS tidal_cluster (
+        name TEXT PRIMARY KEY,
+        partitions INT NOT NULL,
+        hash TEXT NOT NULL,
+        next_block BIGINT NOT NULL  -- the next block of seqs a node may take
+    )""",
+    """CREATE TABLE IF NOT EXISTS tidal_nodes (
+        node TEXT PRIMARY KEY,  -- its --advertise address
+        lock_class BIGINT NOT NULL,  -- the advisory lock its writer holds while alive
+        lock_key BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS tidal_partitions (
+        part INT PRIMARY KEY,
+        epoch BIGINT NOT NULL,  -- bumped by each take: what every write transaction checks
+        node TEXT  -- the node that took it last; NULL once handed over
+    )""",
+)
+_LIVE: Final = """
+    SELECT n.node FROM tidal_nodes n JOIN pg_locks l
+      ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+     AND l.classid::int8 = n.lock_class AND l.objid::int8 = n.lock_key
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+_MAP: Final = "SELECT epoch, node FROM tidal_partitions ORDER BY part"
+#: a partition nobody serves: handed over, or its node's lock gone; of two nodes taking one
+#: at once, the second finds it taken when the first commits, and skips it
+_TAKE: Final = f"""
+    UPDATE tidal_partitions SET epoch = epoch + 1, node = $1
+    WHERE part = ANY($2::int[]) AND (node IS NULL OR node NOT IN ({_LIVE}))
+    RETURNING part, epoch"""
+_RELEASE: Final = """
+    UPDATE tidal_partitions SET node = NULL
+    WHERE node = $1 AND part = ANY($2::int[]) AND epoch = ANY($3::bigint[])"""
+_BLOCK: Final = "UPDATE tidal_cluster SET next_block = next_block + 1 RETURNING next_block - 1"
+_MEMBERS: Final = 'SELECT user_id, "left", left_at_ns FROM memberships'
+_KEYS: Final = """
+    SELECT k.key, k.seq, k.forwarded, k.ts_ns, l.user_id
+    FROM signal_keys k JOIN ledger l ON l.seq = k.seq
+    WHERE k.ts_ns >= $1 ORDER BY k.ts_ns DESC LIMIT $2"""
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """What a node loads for the partitions it takes: their users' leave state and keys."""
+
+    left: dict[int, int]
+    rejoined: dict[int, int]
+    keys: OrderedDict[str, tuple[int, bool, int]]
+
+
+async def join(
+    conn: asyncpg.Connection,
+    location: str,
+    cluster: str,
+    node: str,
+    partitions: int,
+    schema_lock: AdvisoryLock,
+    node_lock: AdvisoryLock,
+) -> int:
+    """Make the tables if this is the cluster's first node, and name this node in them.
+    The number of partitions: the cluster's, fixed when it was made."""
+    holder = await schema_lock.holder_row(conn)
+    if holder is not None:
+        raise DatabaseInUse(
+            f"--db {location}: a tidal not in cluster mode (backend pid {holder['pid']})"
+            " serves this database; stop it first"
+        )
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *_SETUP)
+        for statement in _TABLES:
+            await conn.execute(statement)
+        row = await conn.fetchrow("SELECT name, partitions, hash FROM tidal_cluster")
+        if row is None:
+            top = await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM ledger")
+            await conn.execute(
+                "INSERT INTO tidal_cluster VALUES ($1, $2, $3, $4)",
+                cluster,
+                partitions,
+                HASH,
+                (top >> BLOCK_BITS) + 1,
+            )
+            await conn.execute(
+                "INSERT INTO tidal_partitions SELECT part, 0, NULL"
+                " FROM generate_series(0, $1 - 1) AS part",
+                partitions,
+            )
+        elif row["name"] != cluster:
+            raise DatabaseUnusable(
+                f"--db {location} holds the cluster {row['name']!r}, not {cluster!r}: give"
+                " this cluster a database (or a schema) of its own, or name that one"
+            )
+        elif row["hash"] != HASH:
+            raise DatabaseUnusable(
+                f"--db {location}: its cluster hashes users with {row['hash']!r}; this tidal"
+                f" knows {HASH!r} only"
+            )
+        else:
+            partitions = row["partitions"]
+        await conn.execute(
+            "INSERT INTO tidal_nodes VALUES ($1, $2, $3) ON CONFLICT (node) DO UPDATE"
+            " SET lock_class = excluded.lock_class, lock_key = excluded.lock_key",
+            node,
+            node_lock.key[0],
+            node_lock.key[1] & 0xFFFF_FFFF,
+        )
+    return int(partitions)
+
+
+async def cluster_of(conn: asyncpg.Connection) -> str | None:
+    """The cluster whose database this is, if one is: a tidal not in cluster mode refuses it."""
+    if not await conn.fetchval("SELECT to_regclass('tidal_cluster') IS NOT NULL"):
+        return None
+    name: str | None = await conn.fetchval("SELECT name FROM tidal_cluster")
+    return name
+
+
+async def read_map(conn: asyncpg.Connection) -> tuple[set[str], list[tuple[str | None, int]]]:
+    """The nodes alive, and each partition's (node, epoch)."""
+    live = {row[0] for row in await conn.fetch(_LIVE, timeout=STATEMENT_TIMEOUT)}
+    rows = await conn.fetch(_MAP, timeout=STATEMENT_TIMEOUT)
+    return live, [(row["node"], row["epoch"]) for row in rows]
+
+
+async def take(conn: asyncpg.Connection, node: str, parts: list[int]) -> dict[int, int]:
+    """The partitions of ``parts`` this node now owns, each at its new epoch."""
+    rows = await conn.fetch(_TAKE, node, parts, timeout=STATEMENT_TIMEOUT)
+    return {row["part"]: row["epoch"] for row in rows}
+
+
+async def release(conn: asyncpg.Connection, node: str, parts: dict[int, int]) -> None:
+    await conn.execute(_RELEASE, node, list(parts), list(parts.values()), timeout=STATEMENT_TIMEOUT)
+
+
+async def block(conn: asyncpg.Connection) -> int:
+    """The first seq of a block of seqs no node has used (blocks start at 1 past a
+    multiple of ``userrows.BLOCK``)."""
+    number: int = await conn.fetchval(_BLOCK, timeout=STATEMENT_TIMEOUT)
+    return (number << BLOCK_BITS) + 1
+
+
+async def load(
+    conn: asyncpg.Connection,
+    parts: set[int],
+    partitions: int,
+    keys_since_ns: int,
+    max_keys: int,
+) -> PartitionState:
+    """The state of ``parts``' users, read after this node took them: every commit of the
+    node before is visible, and none after can happen (its epochs no longer match)."""
+
+    def ours(user: int) -> bool:
+        return fmix64(user) % partitions in parts
+
+    state = PartitionState({}, {}, OrderedDict())
+    for user, left, at in await conn.fetch(_MEMBERS, timeout=None):
+        uid = from_db(user)
+        if ours(uid):
+            (state.left if left else state.rejoined)[uid] = at
+    rows: list[Any] = await conn.fetch(_KEYS, keys_since_ns, max_keys, timeout=None)
+    for key, seq, forwarded, ts, user in reversed(rows):
+        if ours(from_db(user)):
+            state.keys[key] = (seq, bool(forwarded), ts)
+    return state
