@@ -19,9 +19,9 @@ from typing import Any, Final, TypeVar
 
 from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT, Client
-from .errors import ConnectionLost, Moved, TidalError
+from .errors import ConnectionLost, Moved, TidalError, Unavailable
 from .routing import Router, address
-from .types import Event, Membership, Signal, SignalAck
+from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top
 
 T = TypeVar("T")
 #: a request follows ``moved`` this many times before the error is the caller's
@@ -126,6 +126,10 @@ class ClusterClient:
                 return await call(client)
             except Moved as moved:
                 await self._follow(user_id, moved, attempt)
+            except Unavailable as exc:
+                if not (exc.starting or exc.retry) or attempt + 1 == MOVES:
+                    raise  # else nothing was applied: a partition loading, cohorts changing
+                await asyncio.sleep(BETWEEN_OWNERS * (attempt + 1))  # a pace, not a sync
             except ConnectionLost:
                 await self._lost(owner)
                 raise
@@ -209,6 +213,24 @@ class ClusterClient:
     async def partition_map(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._any.call("partition_map")
         return result
+
+    async def counts(self, entity: str, window: str | None = None) -> Counts:
+        return await self._any.counts(entity, window)
+
+    async def top(self, layer: str, name: str | None, kind: str, **options: Any) -> Top:
+        return await self._any.top(layer, name, kind, **options)
+
+    async def cohorts(self) -> dict[str, dict[str, Any]]:
+        return await self._any.cohorts()
+
+    async def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
+        return await self._any.define_cohort(name, predicate)
+
+    async def drop_cohort(self, name: str) -> bool:
+        return await self._any.drop_cohort(name)
+
+    async def left_users(self, after: int | None = None, limit: int = 1000) -> LeftUsers:
+        return await self._any.left_users(after, limit)
 
     async def health(self) -> dict[str, Any]:
         return await self._any.health()

@@ -104,11 +104,19 @@ class Unavailable(ServerError):
         several addresses goes to another."""
         return self.message.startswith(STANDBY)
 
+    @property
+    def retry(self) -> bool:
+        """Nothing was applied, for a passing reason (cluster mode: another node changed the
+        cohorts as this request's were matched): the clients send it again."""
+        return self.message.startswith(RETRY)
+
 
 #: how a server still loading its database begins its error 2 (docs/PROTOCOL.md)
 STARTING: Final = "starting:"
 #: ... and a standby, waiting to take over from another (``tidal serve --standby``)
 STANDBY: Final = "standby:"
+#: ... and a request refused for a passing reason, nothing of it applied (docs/PROTOCOL.md)
+RETRY: Final = "retry:"
 
 
 class TooLarge(ServerError):

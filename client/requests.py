@@ -30,7 +30,10 @@ class Retries:
         if isinstance(exc, ConnectionLost):
             self._lost -= 1
             return 0.0 if self._repeatable and not closed and self._lost > 0 else None
-        if isinstance(exc, Unavailable) and (exc.starting or exc.standby) and self._starting > 0:
+        passing = (
+            exc.starting or exc.standby or exc.retry if isinstance(exc, Unavailable) else False
+        )
+        if passing and self._starting > 0:
             self._starting -= 1
             delay, self._delay = self._delay, self._delay * 2
             return delay

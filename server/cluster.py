@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from tidal.server.config import Config
 from tidal.server.core import shares
 from tidal.server.core.owners import Owners
 from tidal.server.engine.engine import Engine
+from tidal.server.follow import Follower
 from tidal.server.logs import Throttle
 from tidal.server.storage.interface import Snapshot, Storage
 from tidal.server.storage.postgres import cluster as tables
@@ -42,8 +44,14 @@ from tidal.server.storage.postgres.session import close_quietly
 log = logging.getLogger("tidal.cluster")
 _trouble = Throttle(log)
 
-#: seconds between two reads of the partition table
+#: seconds between two reads of the partition table, at most
 TICK: Final = 0.5
+#: ... and past a read, how long what it confirmed holds: under the time another node
+#: needs to take a partition over (this node's writer session ended: silent past
+#: --db-idle-timeout, its probe coming every quarter of it, or cut off, about 4 s with the
+#: keepalives)
+LEASE_SHARE: Final = 0.5
+LEASE_MAX: Final = 2.0
 
 
 class Node:
@@ -57,7 +65,11 @@ class Node:
         self._engine: Engine | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._lease = min(config.db_idle_timeout * LEASE_SHARE, LEASE_MAX)
+        self._tick_every = min(TICK, self._lease / 3)
         self.first_seq = 0  # where this run's seqs start: a block of its own
+        self._shared: tables.Shared | None = None  # read at boot, replayed at start
+        self._follower: Follower | None = None
         self._clock: Callable[[], int] = time.time_ns
 
     @classmethod
@@ -87,13 +99,28 @@ class Node:
         return node
 
     async def load(self, half_lives: Sequence[int], now_ns: int) -> Snapshot:
-        """What the engine starts from: no partition's state yet, seqs from this run's block."""
-        return await self._storage.load_node(half_lives, now_ns, self.first_seq)
+        """What the engine starts from: no partition's state yet, seqs from this run's block,
+        the cohorts and the commit log as of one snapshot."""
+        snapshot = await self._storage.load_node(half_lives, now_ns, self.first_seq)
+        assert self._conn is not None
+        self._shared = await tables.shared(self._conn)
+        return dataclasses.replace(
+            snapshot, cohorts=self._shared.cohorts, next_cohort_id=self._shared.next_cohort_id
+        )
 
     def start(self, engine: Engine, clock: Callable[[], int]) -> None:
+        """Before the engine serves: the board from the log; then the tick and the follower."""
+        assert engine.replica is not None and self._shared is not None
+        shared, self._shared = self._shared, None
+        began = time.perf_counter()
+        count = engine.replica.replay(shared.records, shared.head, shared.version)
+        log.info("replayed %d commit log records in %.3fs", count, time.perf_counter() - began)
         self._engine = engine
         self._clock = clock
         engine.committer.lost = self._lost
+        self._follower = Follower(self._storage, engine.replica)
+        self._follower.start()
+        engine.committer.stale = self._follower.wake
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-cluster")
 
     async def stop(self) -> None:
@@ -101,6 +128,8 @@ class Node:
         self._stopping.set()
         if self._task is not None:
             await self._task
+        if self._follower is not None:
+            await self._follower.stop()
         if self._conn is not None:
             await close_quietly(self._conn)
             self._conn = None
@@ -119,13 +148,16 @@ class Node:
                     self._conn.terminate()
                     self._conn = None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), TICK)
+                await asyncio.wait_for(self._stopping.wait(), self._tick_every)
 
     async def _tick(self) -> None:
         if self._conn is None:
             self._conn = await self._storage.connect()
         conn, owners, me = self._conn, self.owners, self.owners.node
+        asked = time.monotonic()
         live, rows = await tables.read_map(conn)
+        if me in live:
+            owners.valid_until = asked + self._lease
         owners.map = [(node if node in live else None, epoch) for node, epoch in rows]
         for part, epoch in list(owners.owned.items()):
             if rows[part] != (me, epoch):

@@ -61,7 +61,8 @@ class StorageFailure(TidalError):
     storage is not thought any the worse for it. ``fenced``: another tidal has taken the
     database over; this one must never write again (the server stops, exit status 3).
     ``moved``: cluster mode: partitions this node no longer owns (another node took them
-    while it was paused or cut off); the batch is refused, and the node stops serving them."""
+    while it was paused or cut off); the batch is refused, and the node stops serving them.
+    ``refusal``: the storage is fine, and this batch is refused with these words."""
 
     def __init__(
         self,
@@ -73,9 +74,11 @@ class StorageFailure(TidalError):
         data: bool = False,
         fenced: bool = False,
         moved: frozenset[int] = frozenset(),
+        refusal: str | None = None,
     ) -> None:
         super().__init__(message)
         self.moved = moved
+        self.refusal = refusal
         self.transient = transient
         self.fenced = fenced
         self.state = state
@@ -95,6 +98,11 @@ class PartitionsLost(TidalError):
             " another node"
         )
         self.parts = parts
+
+
+class CohortsChanged(TidalError):
+    """Cluster mode: another node changed the cohorts after this batch's signals were
+    matched against them (``plans``): the batch is refused, to be sent again."""
 
 
 class CommitUnknown(TidalError):

@@ -25,6 +25,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
+class Entry:
+    """Cluster mode: a batch's place in the commit log (``core.log``), worked out as the
+    writer takes it."""
+
+    record: bytes
+    node: str
+    #: the cohort version its signals were matched against, and after its own changes:
+    #: the transaction commits only if the database's is still ``before``
+    before: int
+    after: int
+    applied: int  # the last id this node had applied: the transaction reads those after
+    id: int = 0  # given in the transaction
+    #: the records between ``applied`` and this one, read in the transaction
+    earlier: list[tuple[int, str, bytes]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Batch:
     first_seq: int
     ledger: list[Row] = field(default_factory=list)
@@ -67,6 +84,10 @@ class Batch:
     #: cluster mode: the partitions this batch writes for -> the epoch this node holds each
     #: at; its transaction commits only if the database still has them (``core.owners``)
     parts: dict[int, int] = field(default_factory=dict)
+    #: cluster mode: this batch's record in the commit log (``core.log``), and the cohort
+    #: version its signals were matched against if another node changed cohorts since
+    log: Entry | None = None
+    cohorts_at: int = -1
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to

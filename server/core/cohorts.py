@@ -85,8 +85,12 @@ class Registry:
         more = names[len(listed) - 1] if len(listed) < len(names) else None
         return {"cohorts": listed, "more": more}
 
-    def define(self, batch: Batch, name: str, predicate: Predicate) -> bool:
-        """False when the same rule is already defined under ``name`` (its counts go on)."""
+    def define(self, batch: Batch, name: str, predicate: Predicate, *, now: bool = True) -> bool:
+        """False when the same rule is already defined under ``name`` (its counts go on).
+        Cluster mode (not ``now``): the change is only recorded in ``batch``, and takes
+        effect on every node, this one too, as its log record is applied (``applied``)."""
+        if name in batch.cohorts and not now:
+            raise InvalidParams(f"name: {name!r} is changing already; send this again")
         old = self._by_name.get(name)
         cohort = Cohort.build(self._next_id, name, predicate)
         if old is not None and old.same_rule(cohort):
@@ -95,21 +99,32 @@ class Registry:
             raise InvalidParams(f"name: at most {MAX_COHORTS} cohorts may be defined; drop one")
         self._next_id += 1
         batch.next_cohort_id = self._next_id
-        self._set(batch, name, old, cohort)
+        self._set(batch, name, old, cohort, now)
         return True
 
-    def drop(self, batch: Batch, name: str) -> bool:
+    def drop(self, batch: Batch, name: str, *, now: bool = True) -> bool:
+        if name in batch.cohorts and not now:
+            raise InvalidParams(f"name: {name!r} is changing already; send this again")
         old = self._by_name.get(name)
         if old is None:
             return False
-        self._set(batch, name, old, None)
+        self._set(batch, name, old, None, now)
         return True
 
-    def _set(self, batch: Batch, name: str, old: Cohort | None, new: Cohort | None) -> None:
-        batch.undo.append(_Put(self, name, old))
+    def applied(self, name: str, cohort: Cohort | None) -> None:
+        """Cluster mode: a change from the commit log, this node's or another's."""
+        if cohort is not None:
+            self._next_id = max(self._next_id, cohort.id + 1)
+        self.put(name, cohort)
+
+    def _set(
+        self, batch: Batch, name: str, old: Cohort | None, new: Cohort | None, now: bool
+    ) -> None:
         batch.cohorts[name] = new
         batch.writes += 1
-        self.put(name, new)
+        if now:
+            batch.undo.append(_Put(self, name, old))
+            self.put(name, new)
 
     def put(self, name: str, cohort: Cohort | None) -> None:
         old = self._by_name.pop(name, None)

@@ -9,6 +9,7 @@ without knowing it commits nothing for it.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NoReturn
 
 from tidal.protocol.partitions import HASH, fmix64
@@ -30,6 +31,10 @@ class Owners:
         self.leaving: set[int] = set()
         #: every partition's (node address or None, epoch), as last read from the database
         self.map: list[tuple[str | None, int]] = [(None, 0)] * partitions
+        #: ``time.monotonic()`` until which what is owned was confirmed: no other node can
+        #: have taken it before (``cluster``). A node paused past it serves nothing, reads
+        #: included, until it has read the table again.
+        self.valid_until = 0.0
 
     def part(self, user_id: int) -> int:
         return fmix64(user_id) % self.partitions
@@ -41,6 +46,11 @@ class Owners:
         epoch = self.owned.get(part)
         if epoch is None:
             self.refuse(user_id, part)
+        if time.monotonic() > self.valid_until:
+            raise Unavailable(
+                f"starting: this node is confirming that it still serves partition {part}"
+                f" (user {user_id}); retry"
+            )
         if batch is not None:
             batch.parts[part] = epoch
 

@@ -133,7 +133,8 @@ class Changes:
         name = params.cohort_name(args[0])
         predicate = params.predicate(args[1])
         batch = self._e.committer.writable()
-        if self._e.cohorts.define(batch, name, predicate):
+        # cluster mode: on every node once committed, through the log (``core.log``)
+        if self._e.cohorts.define(batch, name, predicate, now=self._e.owners is None):
             self._feed_event(batch, Change(feed.DEFINE_COHORT, 0, name=name, predicate=predicate))
             self._e.committer.ack(conn, msgid, True)
         else:  # the same cohort again: its counts go on
@@ -143,7 +144,7 @@ class Changes:
         params.arity(args, "drop_cohort", "name", 1, 1)
         name = params.cohort_name(args[0])
         batch = self._e.committer.writable()
-        if self._e.cohorts.drop(batch, name):
+        if self._e.cohorts.drop(batch, name, now=self._e.owners is None):
             self._feed_event(batch, Change(feed.DROP_COHORT, 0, name=name))
             self._e.committer.ack(conn, msgid, True)
         else:

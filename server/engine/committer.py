@@ -94,6 +94,8 @@ class Committer:
         self.deposed: asyncio.Future[str] | None = None
         #: cluster mode: told of partitions a commit found another node had taken
         self.lost: Callable[[frozenset[int]], None] = lambda parts: None
+        #: ... and of a batch refused because another node changed what it was built on
+        self.stale: Callable[[], None] = lambda: None
         self._settling: list[tuple[Batch, asyncio.Future[None]]] = []
 
     def start(self) -> None:
@@ -294,6 +296,11 @@ class Committer:
                 change.undo()
         self.open = Batch(batch.first_seq)
         self._steps.failed(batch, later)
+        if exc.refusal is not None:  # the database is fine: only these writes are refused
+            _refusals("refusal", logging.INFO, "%s", exc)
+            self.stale()
+            refuse((batch, later), exc.refusal)
+            return
         if exc.moved:  # cluster mode: another node serves these partitions now
             log.warning("%s; this node stops serving them", exc)
             self.lost(exc.moved)

@@ -50,6 +50,7 @@ from .feed import Feed
 from .past import Past
 from .ranked import Ranked
 from .reads import Reads
+from .replica import Replica
 from .retention import Retention
 
 log = logging.getLogger("tidal.engine")
@@ -167,9 +168,13 @@ class Engine:
             top=ranked.top,
             left_users=reads.left_users,
         )
-        if owners is not None:
+        #: cluster mode: the board and the cohorts of every node's commits (``replica``)
+        self.replica = None if owners is None else Replica(self, owners.node, clock)
+        if self.replica is not None:
             for method in _NOT_IN_CLUSTER:
                 self._methods[method] = _not_in_cluster(method)
+            for method in ("counts", "top", "cohorts"):
+                self._methods[method] = self.replica.synced(method, self._methods[method])
 
     def start(self) -> None:
         self.committer.start()
@@ -303,9 +308,11 @@ class Engine:
     def prepare(self, batch: Batch) -> None:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
-        if self.owners is not None:
-            # cluster mode keeps no board, feed or user blocks on disk yet (docs/SCALING.md)
+        if self.replica is not None:
+            # cluster mode: the board and cohorts through the commit log; no feed or user
+            # blocks on disk yet (docs/SCALING.md)
             batch.changes.clear()
+            self.replica.prepare(batch)
             return
         self.feed.prepare(batch)
         if self.aggregates.due(self.board) or self.shelf.rewrite:
@@ -340,7 +347,10 @@ class Engine:
         batch.board_changed = self.board.take_dirty()
 
     def committed(self, batch: Batch) -> None:
-        self._board_committed(batch)
+        if self.replica is None:
+            self._board_committed(batch)
+        else:
+            self.replica.committed(batch)
         self.aggregates.signals_committed(batch.signals)
         self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
@@ -395,10 +405,7 @@ class Engine:
 
 #: what cluster mode does not serve yet: reads across users, and what changes every node's
 #: aggregates or the feed (docs/SCALING.md says what is built)
-_NOT_IN_CLUSTER = (
-    "counts", "top", "left_users", "cohorts", "define_cohort", "drop_cohort", "purge", "erase",
-    "subscribe", "unsubscribe",
-)  # fmt: skip
+_NOT_IN_CLUSTER = ("purge", "erase", "subscribe", "unsubscribe")
 
 
 def _not_in_cluster(method: str) -> Handler:

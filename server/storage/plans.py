@@ -13,8 +13,8 @@ from typing import Final
 import msgpack
 
 from tidal.server.core import ledger, past
-from tidal.server.core.batch import Batch
-from tidal.server.errors import PartitionsLost
+from tidal.server.core.batch import Batch, Entry
+from tidal.server.errors import CohortsChanged, PartitionsLost
 
 from . import buckets, events
 from . import past as storage_past
@@ -61,6 +61,15 @@ FENCE: Final = """
     JOIN unnest(?::int[], ?::bigint[]) AS held(part, epoch)
       ON p.part = held.part AND p.epoch = held.epoch
     FOR SHARE OF p"""
+#: cluster mode: the next id of the commit log. The row's lock, held to COMMIT, orders
+#: every node's commits that carry a record: ids follow commit order, with no gaps. It
+#: also holds the cohort version: a batch whose signals were matched against an older one
+#: than the database's changes nothing, and is refused.
+_LOG_NEXT: Final = (
+    "UPDATE tidal_cluster SET log_id = log_id + 1, cohorts = ? WHERE cohorts = ? RETURNING log_id"
+)
+_LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
+_LOG_PUT: Final = "INSERT INTO tidal_log (id, node, record) VALUES (?, ?, ?)"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
@@ -97,6 +106,8 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
         if len(held) != len(batch.parts):
             raise PartitionsLost(frozenset(batch.parts) - {part for (part,) in held})
+    if batch.log is not None and batch.cohorts:  # ids of cohorts: one node at a time
+        yield from _logged(batch.log)
     yield Put(LEDGER, batch.ledger)
     memberships = batch.memberships.items()
     yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
@@ -131,8 +142,21 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
     yield from events.write(batch)
+    if batch.log is not None and not batch.cohorts:  # last: the lock held the least
+        yield from _logged(batch.log)
     yield Commit(batch_id)
     return True
+
+
+def _logged(entry: Entry) -> Plan[None]:
+    """The batch's record into the commit log, with the records before it it has not
+    applied (``engine.replica``)."""
+    rows = yield Rows(_LOG_NEXT, (entry.after, entry.before))
+    if not rows:
+        raise CohortsChanged()
+    entry.id = rows[0][0]
+    entry.earlier = yield Rows(_LOG_EARLIER, (entry.applied, entry.id))
+    yield Exec(_LOG_PUT, (entry.id, entry.node, entry.record))
 
 
 def _write_cohorts(batch: Batch) -> Plan[None]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
+import msgpack
 
 from tidal.protocol.partitions import HASH, fmix64
 from tidal.server.errors import DatabaseInUse, DatabaseUnusable
@@ -35,7 +36,14 @@ _TABLES: Final = (
         name TEXT PRIMARY KEY,
         partitions INT NOT NULL,
         hash TEXT NOT NULL,
-        next_block BIGINT NOT NULL  -- the next block of seqs a node may take
+        next_block BIGINT NOT NULL,  -- the next block of seqs a node may take
+        log_id BIGINT NOT NULL DEFAULT 0,  -- the commit log's last id (``core.log``)
+        cohorts BIGINT NOT NULL DEFAULT 0  -- cohort changes committed: their version
+    )""",
+    """CREATE TABLE IF NOT EXISTS tidal_log (
+        id BIGINT PRIMARY KEY,
+        node TEXT NOT NULL,
+        record BYTEA NOT NULL  -- msgpack: what the commit added to the board, cohort changes
     )""",
     """CREATE TABLE IF NOT EXISTS tidal_nodes (
         node TEXT PRIMARY KEY,  -- its --advertise address
@@ -105,7 +113,8 @@ async def join(
         if row is None:
             top = await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM ledger")
             await conn.execute(
-                "INSERT INTO tidal_cluster VALUES ($1, $2, $3, $4)",
+                "INSERT INTO tidal_cluster (name, partitions, hash, next_block)"
+                " VALUES ($1, $2, $3, $4)",
                 cluster,
                 partitions,
                 HASH,
@@ -136,6 +145,42 @@ async def join(
             node_lock.key[1] & 0xFFFF_FFFF,
         )
     return int(partitions)
+
+
+_LOG_AFTER: Final = "SELECT id, node, record FROM tidal_log WHERE id > $1 ORDER BY id LIMIT $2"
+
+
+@dataclass(slots=True)
+class Shared:
+    """What every node keeps whole, as of one snapshot: the cohorts and the commit log."""
+
+    cohorts: list[tuple[int, str, Any]]
+    next_cohort_id: int
+    head: int  # the log's last id
+    version: int  # cohort changes committed
+    records: list[tuple[int, str, bytes]]
+
+
+async def shared(conn: asyncpg.Connection) -> Shared:
+    """At boot: the cohorts and the whole log, in one snapshot (the board is the log's sum)."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        row = await conn.fetchrow("SELECT log_id, cohorts FROM tidal_cluster")
+        assert row is not None  # made with the cluster
+        head, version = row
+        rows = await conn.fetch("SELECT id, name, predicate FROM cohorts ORDER BY id")
+        cohorts = [(cid, name, msgpack.unpackb(blob, raw=False)) for cid, name, blob in rows]
+        next_id = await conn.fetchval("SELECT value FROM meta WHERE key = 'next_cohort_id'")
+        records = await conn.fetch("SELECT id, node, record FROM tidal_log ORDER BY id")
+    return Shared(cohorts, int(next_id or 1), head, version, [(r[0], r[1], r[2]) for r in records])
+
+
+async def log_after(
+    conn: asyncpg.Connection, applied: int, most: int = 10_000
+) -> list[tuple[int, str, bytes]]:
+    """The log's records past ``applied``, in id order: everything committed before this
+    read (ids are given under one lock, in commit order), up to ``most``."""
+    rows = await conn.fetch(_LOG_AFTER, applied, most, timeout=STATEMENT_TIMEOUT)
+    return [(r[0], r[1], r[2]) for r in rows]
 
 
 async def cluster_of(conn: asyncpg.Connection) -> str | None:

@@ -27,6 +27,7 @@ import asyncpg
 from tidal.server.config import Durability, redact
 from tidal.server.core.batch import Batch
 from tidal.server.errors import (
+    CohortsChanged,
     CommitUnknown,
     DatabaseInUse,
     DatabaseUnusable,
@@ -206,6 +207,13 @@ class PgStorage:
             ) from exc
         except PartitionsLost as exc:
             raise StorageFailure(str(exc), transient=True, moved=exc.parts) from exc
+        except CohortsChanged as exc:
+            raise StorageFailure(
+                "another node changed the cohorts while this batch was open",
+                transient=True,
+                refusal="retry: another node changed the cohorts after this request's signals"
+                " were matched against them; nothing of it was saved; send it again",
+            ) from exc
         except CommitUnreplicated as exc:
             conn.terminate()  # settled on a new session, as a lost answer is
             batch_id = self._session.ids.next_id

@@ -1,0 +1,144 @@
+"""Cluster mode: the state every node keeps whole, the board and the cohorts, applied from
+the commit log (``core.log``) in id order: this node's own commits with everyone's.
+
+Own records are applied as their batches commit, with the earlier records their
+transaction read; the others', by ``cluster``'s follower as it reads the log, and before
+any read that spans users (``synced``): such a read first reads the log to its end, so
+it shows every write acknowledged anywhere before it was sent, and nothing uncommitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tidal.protocol import ErrorCode
+from tidal.server.core import log as commit_log
+from tidal.server.core.batch import Batch, Entry
+from tidal.server.core.replies import Replier
+from tidal.server.core.tallies import Contribution
+from tidal.server.errors import RequestError
+
+from .state import EngineState
+
+log = logging.getLogger("tidal.engine")
+
+Handler = Callable[[Replier, int | None, list[Any]], None]
+
+
+class Replica:
+    def __init__(self, engine: EngineState, node: str, clock: Callable[[], int]) -> None:
+        self._engine = engine
+        self._node = node
+        self._clock = clock
+        self.applied = 0  # the last log id applied
+        self.version = 0  # cohort changes ever committed: what signals are matched against
+        #: a round of the log read to its end (``cluster``); set once the node starts
+        self.sync: Callable[[], asyncio.Future[None]] | None = None
+
+    def replay(self, records: Iterable[tuple[int, str, bytes]], head: int, version: int) -> int:
+        """At boot: the board from every record (cohorts come from their table, as of the
+        same snapshot). How many records."""
+        board = self._engine.board
+        count = 0
+        for _, _, record in records:
+            contributions, _ = commit_log.decode(record)
+            board.add(contributions)
+            count += 1
+        board.keep_cohorts(set(self._engine.cohorts.names()))  # ids are never given twice
+        self.applied, self.version = head, version
+        return count
+
+    # -- a batch of this node's --------------------------------------------
+
+    def prepare(self, batch: Batch) -> None:
+        record = commit_log.encode(batch)
+        if record is None:
+            return
+        before = batch.cohorts_at if batch.cohorts_at >= 0 else self.version
+        batch.log = Entry(record, self._node, before, before + len(batch.cohorts), self.applied)
+
+    def committed(self, batch: Batch) -> None:
+        entry = batch.log
+        if entry is None:
+            return
+        for log_id, node, record in entry.earlier:
+            self.apply(log_id, node, record)
+        if entry.id > self.applied:  # else the follower has read it from the log already
+            self._apply(entry.id, batch.board, self._changes(batch), own=True)
+
+    @staticmethod
+    def _changes(batch: Batch) -> list[commit_log.CohortChange]:
+        return [(name,) if c is None else (name, c) for name, c in batch.cohorts.items()]
+
+    # -- any node's records ---------------------------------------------------
+
+    def apply(self, log_id: int, node: str, record: bytes) -> None:
+        if log_id <= self.applied:
+            return
+        contributions, changes = commit_log.decode(record)
+        built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
+        self._apply(log_id, contributions, built, own=node == self._node)
+
+    def _apply(
+        self,
+        log_id: int,
+        contributions: Iterable[Contribution],
+        changes: list[tuple[Any, ...]],
+        *,
+        own: bool,
+    ) -> None:
+        if log_id != self.applied + 1:
+            log.error("commit log: record %d applied after %d", log_id, self.applied)
+        engine = self._engine
+        if changes:
+            open_batch = engine.committer.open
+            if not own and open_batch.signals and open_batch.cohorts_at < 0:
+                # its signals were matched against the cohorts before these: it commits
+                # only if no change came between (``plans``), so it will be refused
+                open_batch.cohorts_at = self.version
+            for change in changes:
+                engine.cohorts.applied(change[0], change[1] if len(change) > 1 else None)
+            self.version += len(changes)
+        board = engine.board
+        board.advance(self._clock())
+        board.add(contributions)
+        if any(len(change) == 1 for change in changes):
+            board.keep_cohorts(set(engine.cohorts.names()))
+        self.applied = log_id
+
+    # -- reads that span users ----------------------------------------------
+
+    def synced(self, method: str, handler: Handler) -> Handler:
+        """``handler``, once the log has been read to its end after the request came."""
+
+        def after_sync(conn: Replier, msgid: int | None, args: list[Any]) -> None:
+            if msgid is None or self.sync is None:
+                handler(conn, msgid, args)
+                return
+            done = self.sync()
+
+            def answer(_: asyncio.Future[None]) -> None:
+                failed = None if done.cancelled() else done.exception()
+                try:
+                    if failed is not None:
+                        raise failed
+                    handler(conn, msgid, args)
+                except RequestError as exc:
+                    conn.reply_error(msgid, exc.code, str(exc))
+                except Exception as exc:
+                    if failed is None:
+                        log.exception("internal error in %s", method)
+                        conn.reply_error(msgid, RequestError.code, f"internal error in {method}")
+                    else:
+                        conn.reply_error(
+                            msgid, ErrorCode.UNAVAILABLE,
+                            f"storage unavailable: reading the commit log failed ({exc})",
+                        )  # fmt: skip
+                conn.flush()
+
+            done.add_done_callback(answer)
+
+        return after_sync
