@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.cluster import cluster_report
 from bench.feed import feed_report
 from bench.past import past_report
 from bench.scenarios import SHAPES
@@ -265,6 +266,7 @@ def report(results: dict[str, Any]) -> str:
         )
     lines += past_report(results.get("past"))
     lines += feed_report(results.get("feed"))
+    lines += cluster_report(results.get("cluster"))
     lines += [
         "",
         "Redis has no `signal_batch`: its batch row sends 1,000 script calls in one write, and"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.board import board_boot_figures
+from bench.cluster import cluster_figures
 from bench.feed import feed_figures
 from bench.past import past_figures
 from bench.systems import (
@@ -65,6 +66,7 @@ def run_all(scale: float, repeats: int) -> dict[str, Any]:
         "counts": counts_figures(scale),
         "past": past_figures(scale),
         "feed": feed_figures(scale),
+        "cluster": cluster_figures(scale),
     }
 
 

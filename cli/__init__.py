@@ -129,6 +129,11 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         help="drive a Redis server instead, through the SHA of bench/signal.lua loaded there"
         " (SCRIPT LOAD): the same requests, as Redis commands",
     )
+    bench.add_argument(
+        "--own-users",
+        action="store_true",
+        help="cluster mode: only users of the partitions the node serves (no moved answers)",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser, settings
 

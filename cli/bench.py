@@ -10,6 +10,7 @@ freed by that chunk of input.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -130,11 +131,12 @@ class _Load(asyncio.Protocol):
             self._done()
 
 
-async def _setup(cfg: BenchConfig) -> None:
+async def _setup(cfg: BenchConfig) -> BenchConfig:
     """A cohort to match, and the users who have left, before the clock starts.
 
     Users 0..users*left_fraction leave; against a fresh database that makes
-    exactly that fraction of the signals gated.
+    exactly that fraction of the signals gated. With ``own_users``, the partitions the
+    node serves, from its ``partition_map``.
     """
     from tidal.client import Client
 
@@ -142,11 +144,18 @@ async def _setup(cfg: BenchConfig) -> None:
     if cfg.redis_sha is not None:
         if left:
             await resp_wire.add_to_set(cfg.host, cfg.port, "left", range(left))
-        return  # signal.lua knows its one cohort
+        return cfg  # signal.lua knows its one cohort
     async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
+        if cfg.own_users:
+            served = await client.call("partition_map")
+            parts = {p for p, (node, _) in enumerate(served["owners"]) if node == served["node"]}
+            if not parts:
+                raise ValueError("--own-users: the node serves no partition (is it a cluster's?)")
+            cfg = dataclasses.replace(cfg, only=(frozenset(parts), served["partitions"]))
         await client.define_cohort("bench-de", {"country": "DE"})
         for start in range(0, left, 1000):
             await asyncio.gather(*(client.leave(u) for u in range(start, min(left, start + 1000))))
+    return cfg
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -161,7 +170,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
         raise ValueError("clients, pipeline and requests must be at least 1")
     if cfg.workload not in WORKLOADS:
         raise ValueError(f"workload: one of {', '.join(WORKLOADS)}")
-    await _setup(cfg)
+    cfg = await _setup(cfg)
     rng = random.Random(cfg.seed)
     loop = asyncio.get_running_loop()
     packer = msgpack.Packer(use_bin_type=True)

@@ -193,6 +193,7 @@ def bench(args: argparse.Namespace) -> int:
         token=args.token,
         redis_sha=args.redis_sha,
         server_pid=args.server_pid,
+        own_users=args.own_users,
     )
     progress = load.progress_bar if sys.stderr.isatty() and not args.json else None
     try:

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from tidal.protocol.partitions import partition
+
 Workload = Literal[
     "signal", "batch", "batch_compact", "leave", "status", "mixed", "counts", "top",
     "top_window", "top_trend",
@@ -39,13 +41,25 @@ class BenchConfig:
     redis_sha: str | None = None
     #: the server's process, when local: its CPU time over the run is reported
     server_pid: int | None = None
+    #: cluster mode: draw only users of the partitions the target node serves
+    own_users: bool = False
+    #: ... those partitions, and how many the cluster has (read before the clock starts)
+    only: tuple[frozenset[int], int] | None = None
 
 
 def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]]:
     """Method and params of ``count`` requests of the workload, drawn from ``rng``."""
 
-    def signal_params() -> list[Any]:
+    def draw() -> int:
         user = rng.randrange(cfg.users)
+        if cfg.only is not None:
+            parts, partitions = cfg.only
+            while partition(user, partitions) not in parts:
+                user = rng.randrange(cfg.users)
+        return user
+
+    def signal_params() -> list[Any]:
+        user = draw()
         context = {
             "communities": [f"c{user % 16}"],
             "attrs": {"country": COUNTRIES[user % len(COUNTRIES)]},
@@ -62,19 +76,19 @@ def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]
             items = [signal_params() for _ in range(cfg.batch_size)]
             out.append(["signal_batch", [items, {"ack": "compact"}]])
         elif cfg.workload == "status":
-            out.append(["status", [rng.randrange(cfg.users)]])
+            out.append(["status", [draw()]])
         elif cfg.workload == "counts":
             out.append(["counts", [f"e{rng.randrange(cfg.entities)}"]])
         elif cfg.workload in TOP_OPTIONS:
             out.append(["top", ["community", "c0", "view", TOP_OPTIONS[cfg.workload]]])
         elif cfg.workload == "leave":
-            out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
+            out.append([rng.choice(("leave", "rejoin")), [draw()]])
         else:  # mixed: 95% signal, 4% status, 1% leave or rejoin
             roll = rng.random()
             if roll < 0.95:
                 out.append(["signal", signal_params()])
             elif roll < 0.99:
-                out.append(["status", [rng.randrange(cfg.users)]])
+                out.append(["status", [draw()]])
             else:
-                out.append([rng.choice(("leave", "rejoin")), [rng.randrange(cfg.users)]])
+                out.append([rng.choice(("leave", "rejoin")), [draw()]])
     return out

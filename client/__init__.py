@@ -24,6 +24,7 @@ from .errors import (
 )
 from .subscription import Subscription
 from .sync import SyncClient
+from .sync_cluster import SyncClusterClient
 from .types import (
     Counts,
     Event,
@@ -66,6 +67,7 @@ __all__ = [
     "SignalAck",
     "Subscription",
     "SyncClient",
+    "SyncClusterClient",
     "Tally",
     "TidalError",
     "TooLarge",

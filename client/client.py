@@ -247,10 +247,10 @@ class Client:
         return Membership.from_wire(await self._send(requests.status(user_id)))
 
     async def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
-        return bool(await self.call("define_cohort", name, predicate))
+        return bool(await self._send(Call("define_cohort", [name, predicate])))
 
     async def drop_cohort(self, name: str) -> bool:
-        return bool(await self.call("drop_cohort", name))
+        return bool(await self._send(Call("drop_cohort", [name])))
 
     async def cohorts(self) -> dict[str, dict[str, Any]]:
         """Every cohort, read in pages that each fit a message."""

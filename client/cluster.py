@@ -19,18 +19,14 @@ from typing import Any, Final, TypeVar
 
 from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT, Client
-from .errors import ConnectionLost, Moved, TidalError, Unavailable
+from .errors import ConnectionLost, TidalError
 from .routing import Router, address
 from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top
 
 T = TypeVar("T")
-#: a request follows ``moved`` this many times before the error is the caller's
-MOVES: Final = 8
 #: a node's client tries to reconnect once: a node gone is left for the map's next owner
 #: (taken over within a tick of the cluster's), not waited for
 NODE_RECONNECTS: Final = 1
-#: seconds between tries while a partition is between owners (``moved`` to no node)
-BETWEEN_OWNERS: Final = 0.1
 
 
 class PartlyApplied(TidalError):
@@ -109,49 +105,36 @@ class ClusterClient:
                 )
         return client
 
-    async def routed(self, user_id: int, call: Callable[[Client], Awaitable[T]]) -> T:
-        """``call`` on the node serving ``user_id``, following ``moved``. A node that cannot
-        be reached is left for the map's next owner; one lost with the request sent raises
-        ``ConnectionLost`` (what became of it is unknown: keyed signals are safe to send
-        again), and the map is read again for the next call."""
-        for attempt in range(MOVES):
-            owner = self.router.owner(user_id)
+    async def routed(self, user_id: int | None, call: Callable[[Client], Awaitable[T]]) -> T:
+        """``call`` on the node serving ``user_id``, following ``moved`` (``Router.after``).
+        A node lost with the request sent raises ``ConnectionLost``, and the map is read
+        again for the next call."""
+        attempt = 0
+        while True:
+            owner = None if user_id is None else self.router.owner(user_id)
+            sent = False
             try:
                 client = await self.node(owner)
-            except (ConnectionLost, OSError):
-                await self._lost(owner)
-                await asyncio.sleep(BETWEEN_OWNERS * (attempt + 1))  # a pace, not a sync
-                continue
-            try:
+                sent = True
                 return await call(client)
-            except Moved as moved:
-                await self._follow(user_id, moved, attempt)
-            except Unavailable as exc:
-                if not (exc.starting or exc.retry) or attempt + 1 == MOVES:
-                    raise  # else nothing was applied: a partition loading, cohorts changing
-                await asyncio.sleep(BETWEEN_OWNERS * (attempt + 1))  # a pace, not a sync
-            except ConnectionLost:
-                await self._lost(owner)
-                raise
-        return await call(await self.node(self.router.owner(user_id)))
+            except (TidalError, OSError) as exc:
+                step = self.router.after(exc, user_id, attempt, sent=sent)
+                if step is None:
+                    if isinstance(exc, ConnectionLost):
+                        await self._drop(owner, refresh=True)
+                    raise
+                await asyncio.sleep(step.wait)  # a pace, not a synchronisation
+                await self._drop(owner if step.drop else None, refresh=step.refresh)
+            attempt += 1
 
-    async def _lost(self, owner: str | None) -> None:
-        """A node gone: its client dropped, and the map read again (its partitions are
-        taken over within a tick of the cluster's)."""
+    async def _drop(self, owner: str | None, *, refresh: bool) -> None:
+        """A node gone: its client closed; and the map read again, if asked."""
         client = self._nodes.pop(owner, None) if owner is not None else None
         if client is not None:
             await client.close()
-        with contextlib.suppress(TidalError):
-            await self.refresh()
-
-    async def _follow(self, user_id: int | None, moved: Moved, attempt: int) -> None:
-        """Where ``moved`` says; with no owner yet (or a batch), the map read again."""
-        if moved.address is None:  # between owners: the next takes it within a tick
-            await asyncio.sleep(BETWEEN_OWNERS * (attempt + 1))  # a pace, not a sync
-        if moved.address is None or user_id is None:
-            await self.refresh()
-        else:
-            self.router.moved(user_id, moved.address)
+        if refresh:
+            with contextlib.suppress(TidalError, OSError):
+                await self.refresh()
 
     # -- one user's requests: to its node -----------------------------------
 
@@ -177,23 +160,30 @@ class ClusterClient:
         acks: list[SignalAck | None] = [None] * len(items)
         groups = self.router.split([s.user_id for s in items])
 
-        async def part(indexes: list[int], attempt: int = 0) -> None:
-            split = self.router.split([items[i].user_id for i in indexes])
-            if len(split) > 1:  # the map changed since: one part per node again
-                parts = [part([indexes[j] for j in ix], attempt) for ix in split.values()]
-                await _all(parts)
+        async def part(indexes: list[int]) -> None:
+            attempt = 0
+            while True:
+                split = self.router.split([items[i].user_id for i in indexes])
+                if len(split) > 1:  # the map changed since: one part per node again
+                    await _all([part([indexes[j] for j in ix]) for ix in split.values()])
+                    return
+                owner = self.router.owner(items[indexes[0]].user_id)
+                sent = False
+                try:
+                    client = await self.node(owner)
+                    sent = True
+                    acked = await client.signal_batch([items[i] for i in indexes])
+                except (TidalError, OSError) as exc:
+                    step = self.router.after(exc, None, attempt, sent=sent)
+                    if step is None:
+                        raise
+                    await asyncio.sleep(step.wait)  # a pace, not a synchronisation
+                    await self._drop(owner if step.drop else None, refresh=step.refresh)
+                    attempt += 1
+                    continue
+                for i, ack in zip(indexes, acked, strict=True):
+                    acks[i] = ack
                 return
-            client = await self.node(self.router.owner(items[indexes[0]].user_id))
-            try:
-                sent = await client.signal_batch([items[i] for i in indexes])
-            except Moved as moved:
-                if attempt + 1 >= MOVES:
-                    raise
-                await self._follow(None, moved, attempt)
-                await part(indexes, attempt + 1)
-                return
-            for i, ack in zip(indexes, sent, strict=True):
-                acks[i] = ack
 
         results = await asyncio.gather(
             *(part(ix) for ix in groups.values()), return_exceptions=True

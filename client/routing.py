@@ -7,11 +7,25 @@ corrects one partition at a time until the next full map is read.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 from tidal.protocol.partitions import HASH, partition
 
-from .errors import InvalidArgument
+from .errors import ConnectionLost, InvalidArgument, Moved, Unavailable
+
+#: a request follows ``moved`` (or waits out a partition between owners) this many times
+#: before the error is the caller's
+MOVES: Final = 8
+#: seconds between tries while a partition is between owners, times the try's number
+BETWEEN_OWNERS: Final = 0.1
+
+
+class Step(NamedTuple):
+    """What a routing client does after a failed try, before the next."""
+
+    wait: float  # seconds first
+    refresh: bool  # read the partition map again
+    drop: bool  # close the client of the node tried: it is gone
 
 
 def address(text: str) -> tuple[str, int]:
@@ -49,6 +63,29 @@ class Router:
         """A node said the user's partition is served by ``owner`` (None: by no node yet)."""
         if self.clustered:
             self.owners[partition(user_id, self.partitions)] = owner
+
+    def after(
+        self, exc: BaseException, user_id: int | None, attempt: int, *, sent: bool
+    ) -> Step | None:
+        """The next step after ``exc`` on try ``attempt`` for ``user_id`` (None: a part of
+        a batch, whose users may be several), or None: the caller gets ``exc``. ``sent``:
+        the request went out (a connection lost after that is the caller's: what became
+        of the request is unknown; keyed signals are safe to send again)."""
+        last = attempt + 1 >= MOVES
+        pace = BETWEEN_OWNERS * (attempt + 1)
+        if isinstance(exc, Moved):
+            if last:
+                return None
+            if exc.address is None or user_id is None:  # no owner yet, or a batch's
+                return Step(pace if exc.address is None else 0.0, True, False)
+            self.moved(user_id, exc.address)
+            return Step(0.0, False, False)
+        if isinstance(exc, Unavailable):  # nothing applied: a partition loading, cohorts
+            passing = exc.starting or exc.retry  # changed under the request's signals
+            return Step(pace, False, False) if passing and not last else None
+        if isinstance(exc, (ConnectionLost, OSError)):
+            return None if sent or last else Step(pace, True, True)
+        return None
 
     def split(self, user_ids: Sequence[int]) -> dict[str | None, list[int]]:
         """The indexes of ``user_ids``, by the node serving each, in their order."""

@@ -185,10 +185,10 @@ class SyncClient:
         return Membership.from_wire(self._send(requests.status(user_id)))
 
     def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
-        return bool(self.call("define_cohort", name, predicate))
+        return bool(self._send(Call("define_cohort", [name, predicate])))
 
     def drop_cohort(self, name: str) -> bool:
-        return bool(self.call("drop_cohort", name))
+        return bool(self._send(Call("drop_cohort", [name])))
 
     def cohorts(self) -> dict[str, dict[str, Any]]:
         """Every cohort, read in pages that each fit a message."""

@@ -22,10 +22,10 @@ import pytest
 
 from tidal.cli.child import listening_port
 from tidal.cli.child import start as start_child
-from tidal.client import Client
+from tidal.client import Client, ClusterClient
 from tidal.server import Config, Server
 from tidal.server.core.chunks import unpack_records
-from tidal.testing.postgres import Cluster, Missing, fetch
+from tidal.testing.postgres import Cluster, Missing, fetch, free_port
 
 BACKENDS = ("sqlite", "postgresql")
 #: what ``tidal serve`` logs once its port is bound, before it loads (or, as a standby, waits)
@@ -33,11 +33,14 @@ BOUND = re.compile(rb"bound \S+:(\d+);")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test about what tidal promises runs on both backends, when marked so."""
-    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
-        "both_backends"
-    ):
+    """A test about what tidal promises runs on both backends, when marked so; one marked
+    ``through_cluster`` runs on SQLite and through a ``ClusterClient`` on three nodes."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("both_backends"):
         metafunc.parametrize("backend", BACKENDS)
+    elif metafunc.definition.get_closest_marker("through_cluster"):
+        metafunc.parametrize("backend", ("sqlite", "cluster"))
 
 
 @pytest.fixture
@@ -123,6 +126,12 @@ def db_path(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def server(database: Database) -> AsyncIterator[Server]:
+    """A server on the test's database; with the ``cluster`` backend, the first of three
+    cluster nodes (in this process) over it."""
+    if database.backend == "cluster":
+        async with three_nodes(database) as servers:
+            yield servers[0]
+        return
     srv = Server(Config(host="127.0.0.1", port=0, db=database.target))
     await srv.start()
     yield srv
@@ -130,10 +139,43 @@ async def server(database: Database) -> AsyncIterator[Server]:
 
 
 @pytest.fixture
-async def client(server: Server) -> AsyncIterator[Client]:
+async def client(server: Server, backend: str) -> AsyncIterator[Any]:
+    """A client of ``server``; with the ``cluster`` backend, a ``ClusterClient`` that finds
+    the other nodes from its partition map."""
     host, port = server.address
+    if backend == "cluster":
+        async with await ClusterClient.connect(host, port, timeout=10) as routed:
+            yield routed
+        return
     async with await Client.connect(host, port, timeout=10) as c:
         yield c
+
+
+@contextlib.asynccontextmanager
+async def three_nodes(database: Database) -> AsyncIterator[list[Server]]:
+    """Three cluster nodes on ``database``, once they share every partition."""
+    servers: list[Server] = []
+    try:
+        for _ in range(3):
+            port = free_port()
+            config = Config(
+                host="127.0.0.1", port=port, db=database.target, cluster="semantic",
+                advertise=f"127.0.0.1:{port}",
+            )  # fmt: skip
+            servers.append(Server(config))
+            await servers[-1].start()
+        wanted = {f"127.0.0.1:{srv.address[1]}" for srv in servers}
+        async with await Client.connect(*servers[0].address, timeout=10) as c:
+            for _ in range(1000):  # the nodes' own ticks, polled: 20 s at most
+                if {o for o, _ in (await c.call("partition_map"))["owners"]} == wanted:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("three cluster nodes did not share the partitions in 20 s")
+        yield servers
+    finally:
+        for srv in servers:
+            await srv.shutdown()
 
 
 async def signal_p99(client: Client, n: int) -> float:

@@ -26,6 +26,7 @@ from tidal.client import (
     Moved,
     PartlyApplied,
     Signal,
+    SyncClusterClient,
     Unavailable,
 )
 from tidal.protocol.partitions import HASH, partition
@@ -294,6 +295,34 @@ async def test_counts_top_cohorts_and_left_users_from_any_node_are_exact_and_sho
         assert [u for u, _ in (await stock.left_users(limit=1000)).users] == left
     for stock in stocks:
         await stock.close()
+
+
+async def test_the_blocking_client_routes_too(nodes: Nodes, database: Database) -> None:
+    serving = [await nodes.start() for _ in range(3)]
+    await nodes.settled(serving)
+    seeds = ",".join(nodes.address(n) for n in serving)
+
+    def work() -> None:
+        with SyncClusterClient(seeds, timeout=10) as c:
+            for user in range(60):
+                assert c.signal(user, "s", "view", communities=["c"]).forwarded
+                if user % 4 == 0:
+                    assert c.leave(user).left
+            acks = c.signal_batch(
+                [Signal(user, "s", "view", communities=["c"]) for user in range(60)]
+            )
+            assert [a.forwarded for a in acks] == [user % 4 != 0 for user in range(60)]
+            assert [c.status(u).left for u in range(8)] == [u % 4 == 0 for u in range(8)]
+            counts = c.counts("s")
+            assert counts.ledger["view"].count == 120
+            assert counts.communities["c"]["view"].count == 60 + 45
+            c.router.moved(5, nodes.address(serving[0]))  # stale for user 5: moved followed
+            c.router.moved(6, nodes.address(serving[1]))
+            c.router.moved(7, nodes.address(serving[2]))
+            assert not any(c.status(u).left for u in (5, 6, 7))
+
+    await asyncio.to_thread(work)
+    assert len(await database.rows("SELECT 1 FROM ledger WHERE entity = 's'")) == 120
 
 
 async def test_a_pipelined_leave_and_signal_sent_to_the_wrong_node_are_gated_on_the_right_one(

@@ -20,6 +20,7 @@ from .conftest import Database, ServerProcess
 pytestmark = pytest.mark.both_backends
 
 
+@pytest.mark.through_cluster
 async def test_a_repeated_key_gets_the_first_ack_and_counts_once(client: Client) -> None:
     first = await client.signal(1, "song", "view", communities=["c"], key="req-1")
     again = await client.signal(1, "song", "view", communities=["c"], key="req-1")
@@ -33,6 +34,7 @@ async def test_a_repeated_key_gets_the_first_ack_and_counts_once(client: Client)
     assert (await client.stats())["signals"] == 3
 
 
+@pytest.mark.through_cluster
 async def test_a_repeat_while_the_first_is_uncommitted_waits_and_matches(client: Client) -> None:
     acks = await asyncio.gather(*(client.signal(2, "e", "view", key="same") for _ in range(50)))
     assert len(set(acks)) == 1

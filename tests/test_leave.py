@@ -17,6 +17,7 @@ pytestmark = pytest.mark.both_backends
 DE = {"country": "DE"}
 
 
+@pytest.mark.through_cluster
 async def test_leave_stops_cohort_fanout_but_not_the_ledger(client: Client) -> None:
     assert await client.define_cohort("germany", DE)
     first = await client.signal(7, "song", "view", attrs=DE)
@@ -28,6 +29,7 @@ async def test_leave_stops_cohort_fanout_but_not_the_ledger(client: Client) -> N
     assert counts.cohorts == {"germany": {"view": Tally(1, 1.0)}}
 
 
+@pytest.mark.through_cluster
 async def test_rejoin_resumes_cohort_fanout(client: Client) -> None:
     await client.define_cohort("germany", DE)
     await client.leave(7)
@@ -39,6 +41,7 @@ async def test_rejoin_resumes_cohort_fanout(client: Client) -> None:
     assert counts.ledger == {"view": Tally(2, 3.5)}
 
 
+@pytest.mark.through_cluster
 async def test_leave_is_idempotent_with_strictly_increasing_time(client: Client) -> None:
     first = await client.leave(9)
     second = await client.leave(9)
@@ -48,6 +51,7 @@ async def test_leave_is_idempotent_with_strictly_increasing_time(client: Client)
     assert (await client.status(9)).left_at_ns == second.left_at_ns
 
 
+@pytest.mark.through_cluster
 async def test_status_lifecycle_active_left_active(client: Client) -> None:
     assert (await client.status(3)).status == "active"
     assert (await client.leave(3)).status == "left"
@@ -56,6 +60,7 @@ async def test_status_lifecycle_active_left_active(client: Client) -> None:
     assert (await client.status(3)).status == "active"
 
 
+@pytest.mark.through_cluster
 async def test_left_at_is_kept_on_rejoin(client: Client) -> None:
     left = await client.leave(4)
     rejoined = await client.rejoin(4)
@@ -94,6 +99,7 @@ async def test_state_survives_a_restart_of_the_server_process(process) -> None: 
         assert counts.ledger == {"like": Tally(2, 2.0)}
 
 
+@pytest.mark.through_cluster
 async def test_unknown_user_defaults_to_active(client: Client) -> None:
     status = await client.status(123456)
     assert (status.user_id, status.status, status.left_at_ns) == (123456, "active", None)
@@ -101,6 +107,7 @@ async def test_unknown_user_defaults_to_active(client: Client) -> None:
     assert (rejoined.status, rejoined.left_at_ns) == ("active", None)
 
 
+@pytest.mark.through_cluster
 async def test_leave_stops_community_forwarding(client: Client) -> None:
     await client.signal(5, "post", "like", communities=["chess", "go"])
     await client.leave(5)

@@ -8,7 +8,8 @@ from collections import Counter
 
 import pytest
 
-from tidal.client.routing import Router, address
+from tidal.client.errors import ConnectionLost, InvalidParams, Moved, Unavailable
+from tidal.client.routing import MOVES, Router, Step, address
 from tidal.protocol.partitions import HASH, fmix64, partition
 from tidal.server.core import shares
 
@@ -74,3 +75,22 @@ def test_a_router_splits_by_owner_and_follows_moved() -> None:
     assert one.owner(5) is None and not one.clustered
     with pytest.raises(ValueError, match="hashes users with 'crc32'"):
         Router({"cluster": "x", "partitions": 1, "hash": "crc32", "owners": [[None, 0]]})
+
+
+def test_a_router_says_what_to_do_after_each_failure() -> None:
+    owners = [["n1:1", 1] for _ in range(256)]
+    router = Router({"cluster": "x", "partitions": 256, "hash": HASH, "owners": owners})
+    named = Moved("moved: user 1 is in partition 44, served by n2:2")
+    assert router.after(named, 1, 0, sent=True) == Step(0.0, False, False)
+    assert router.owner(1) == "n2:2"
+    nobody = Moved("moved: user 1 is in partition 44, served by unknown")
+    assert router.after(nobody, 1, 2, sent=True) == Step(0.30000000000000004, True, False)
+    assert router.after(named, None, 0, sent=True) == Step(0.0, True, False)  # a batch part
+    assert router.after(named, 1, MOVES - 1, sent=True) is None  # the caller's, at last
+    loading = Unavailable("starting: partition 44 (user 1) is loading on this node; retry")
+    assert router.after(loading, 1, 0, sent=True) == Step(0.1, False, False)
+    assert router.after(Unavailable("storage unavailable: disk full"), 1, 0, sent=True) is None
+    # a node not reached: tried elsewhere; lost with the request sent: the caller's
+    assert router.after(ConnectionLost("refused"), 1, 0, sent=False) == Step(0.1, True, True)
+    assert router.after(ConnectionLost("reset"), 1, 0, sent=True) is None
+    assert router.after(InvalidParams("weight: must be finite"), 1, 0, sent=True) is None

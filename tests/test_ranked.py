@@ -27,6 +27,7 @@ def ago(ns: int) -> int:
     return time.time_ns() - ns
 
 
+@pytest.mark.through_cluster
 async def test_windows_count_by_event_time(client: Client) -> None:
     """Each signal counts in the windows its event time falls in, late ones included."""
     for at, n in ((ago(0), 1), (ago(2 * HOUR), 2), (ago(3 * DAY), 4), (ago(20 * DAY), 8),
@@ -46,6 +47,7 @@ async def test_windows_count_by_event_time(client: Client) -> None:
     assert (await client.counts("old", window="30d")).ledger["view"].count == 1
 
 
+@pytest.mark.through_cluster
 async def test_top_orders_by_score_then_entity_and_pages_without_gaps(client: Client) -> None:
     signals = []
     for i in range(40):
@@ -75,6 +77,7 @@ async def test_top_orders_by_score_then_entity_and_pages_without_gaps(client: Cl
     assert (await client.top("community", "nobody", "view")).entities == []
 
 
+@pytest.mark.through_cluster
 async def test_trend_decays_each_signal_by_its_age(client: Client) -> None:
     """Many old signals lose to a few fresh ones by trend, and win by count."""
     await client.signal_batch(
@@ -92,6 +95,7 @@ async def test_trend_decays_each_signal_by_its_age(client: Client) -> None:
     assert math.isclose(new.score, want, rel_tol=1e-9)
 
 
+@pytest.mark.through_cluster
 async def test_a_left_user_reaches_the_ledger_ranking_only(client: Client) -> None:
     await client.define_cohort("gold", {"tier": "gold"})
     await client.leave(7)
@@ -289,6 +293,7 @@ async def test_a_bad_top_gets_an_error_naming_what(
         await client.call("top", *params)
 
 
+@pytest.mark.through_cluster
 async def test_a_cursor_of_another_ranking_is_refused(client: Client) -> None:
     await client.signal_batch([Signal(i, f"e{i}", "view", 1.0, ["x"]) for i in range(3)])
     page = await client.top("community", "x", "view", limit=1)
@@ -297,6 +302,7 @@ async def test_a_cursor_of_another_ranking_is_refused(client: Client) -> None:
         await client.top("community", "x", "view", by="weight", limit=1, after=page.next)
 
 
+@pytest.mark.through_cluster
 async def test_event_times_are_checked(client: Client) -> None:
     for bad, rule in ((-1, "0..2"), (1.5, "integer"), ("now", "integer"), (2**63, "0..2"),
                       (time.time_ns() + 10 * MIN, "ahead of the server's clock")):  # fmt: skip

@@ -56,20 +56,28 @@ _KEYS: Final = Bulk(
 #: cluster mode: the partitions a batch writes for, at the epochs this node took them at.
 #: The share lock makes a node taking one of them over wait for this transaction, and this
 #: one see its new epoch if it took it first: the batch then commits nothing.
-FENCE: Final = """
+_HELD: Final = """
     SELECT p.part FROM tidal_partitions p
-    JOIN unnest(?::int[], ?::bigint[]) AS held(part, epoch)
-      ON p.part = held.part AND p.epoch = held.epoch
+    JOIN unnest(?::int[], ?::bigint[]) AS mine(part, epoch)
+      ON p.part = mine.part AND p.epoch = mine.epoch
     FOR SHARE OF p"""
-#: cluster mode: the next id of the commit log. The row's lock, held to COMMIT, orders
-#: every node's commits that carry a record: ids follow commit order, with no gaps. It
-#: also holds the cohort version: a batch whose signals were matched against an older one
-#: than the database's changes nothing, and is refused.
-_LOG_NEXT: Final = (
-    "UPDATE tidal_cluster SET log_id = log_id + 1, cohorts = ? WHERE cohorts = ? RETURNING log_id"
-)
+FENCE: Final = _HELD
+#: ... and for a batch with a record for the commit log (``core.log``), in the same
+#: statement: the log's next id, if every partition is held and the cohort version is
+#: still the one the batch's signals were matched against, and the record under it. The
+#: row's lock, held to COMMIT, orders every node's commits that carry a record: ids follow
+#: commit order, with no gaps.
+_LOGGED: Final = f"""
+    WITH held AS ({_HELD}),
+    head AS (
+        UPDATE tidal_cluster SET log_id = log_id + 1, cohorts = ?
+        WHERE cohorts = ? AND (SELECT count(*) FROM held) = ?
+        RETURNING log_id),
+    logged AS (INSERT INTO tidal_log (id, node, record) SELECT log_id, ?::text, ?::bytea FROM head)
+    SELECT (SELECT array_agg(part) FROM held), (SELECT log_id FROM head)"""
+#: the records of other nodes' commits before this one, that this node has not applied:
+#: a statement of its own, its snapshot taken once the lock above is held
 _LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
-_LOG_PUT: Final = "INSERT INTO tidal_log (id, node, record) VALUES (?, ?, ?)"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
@@ -102,12 +110,13 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
             yield Rows("SELECT 1")
         return False
     yield Begin()
-    if batch.parts:
+    if batch.log is not None:
+        if batch.cohorts:  # first: cohorts' ids are given by one node at a time
+            yield from _logged(batch.parts, batch.log)
+    elif batch.parts:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
         if len(held) != len(batch.parts):
             raise PartitionsLost(frozenset(batch.parts) - {part for (part,) in held})
-    if batch.log is not None and batch.cohorts:  # ids of cohorts: one node at a time
-        yield from _logged(batch.log)
     yield Put(LEDGER, batch.ledger)
     memberships = batch.memberships.items()
     yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
@@ -143,20 +152,24 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Put(storage_past.HISTORY, lines)
     yield from events.write(batch)
     if batch.log is not None and not batch.cohorts:  # last: the lock held the least
-        yield from _logged(batch.log)
+        yield from _logged(batch.parts, batch.log)
     yield Commit(batch_id)
     return True
 
 
-def _logged(entry: Entry) -> Plan[None]:
-    """The batch's record into the commit log, with the records before it it has not
-    applied (``engine.replica``)."""
-    rows = yield Rows(_LOG_NEXT, (entry.after, entry.before))
-    if not rows:
+def _logged(parts: dict[int, int], entry: Entry) -> Plan[None]:
+    """The fence and the batch's record into the commit log (``_LOGGED``); then the records
+    before it this node has not applied (``engine.replica``), if there are any."""
+    args = (list(parts), list(parts.values()), entry.after, entry.before, len(parts))
+    ((held, log_id),) = yield Rows(_LOGGED, (*args, entry.node, entry.record))
+    if log_id is None:
+        lost = frozenset(parts) - set(held or ())
+        if lost:
+            raise PartitionsLost(lost)
         raise CohortsChanged()
-    entry.id = rows[0][0]
-    entry.earlier = yield Rows(_LOG_EARLIER, (entry.applied, entry.id))
-    yield Exec(_LOG_PUT, (entry.id, entry.node, entry.record))
+    entry.id = log_id
+    if log_id != entry.applied + 1:
+        entry.earlier = yield Rows(_LOG_EARLIER, (entry.applied, log_id))
 
 
 def _write_cohorts(batch: Batch) -> Plan[None]:

@@ -1,0 +1,240 @@
+"""Cluster mode's costs on this machine, every system on the same PostgreSQL and driven by
+the same load generator (``tidal bench``, 16 connections x 16 in flight):
+
+- a node's CPU per signal against one tidal not in cluster mode: one node serving every
+  partition (the cost of cluster mode itself: the ownership check, the fence, the commit
+  log), then each of three nodes taking a third of the users (``--own-users``), all three
+  loaded at once (each also applies the other two's commit log records);
+- ``counts`` and ``top`` one at a time, against one tidal and against a node of three
+  (which first reads the commit log to its end);
+- a takeover: kill -9 of one of three nodes, until the other two serve every partition.
+
+Two cores run the three nodes, PostgreSQL and the load generators here: the three-node
+throughput is not what three machines give. ``model`` works that out from the per-node
+CPU figures. Run alone: ``python bench/cluster.py`` prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as bench/cluster.py
+from bench.systems import TIDAL, free_port, postgres_cpu_s, stop
+from tidal.cli.child import Child, start
+from tidal.client import Client
+from tidal.testing.postgres import Cluster
+
+SHAPE = ("16", "16")  # clients, pipeline
+
+
+def _bench(node: Child, requests: int, *extra: str) -> subprocess.Popen[str]:
+    cmd = [TIDAL, "bench", "--port", str(node.port), "-c", SHAPE[0], "-P", SHAPE[1]]
+    cmd += ["-n", str(requests), "--json", "--server-pid", str(node.proc.pid), *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _result(run: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = run.communicate(timeout=900)
+    if run.returncode != 0:
+        raise RuntimeError(f"tidal bench failed: {err}")
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+@contextmanager
+def _database(pg: Cluster) -> Iterator[str]:
+    name = asyncio.run(pg.create())
+    try:
+        yield pg.url(name)
+    finally:
+        asyncio.run(pg.drop(name))
+
+
+def _node(url: str) -> Child:
+    port = free_port()
+    return start(
+        [TIDAL, "serve", "--port", str(port), "--db", url, "--cluster", "bench",
+         "--advertise", f"127.0.0.1:{port}"]
+    )  # fmt: skip
+
+
+def _served(nodes: list[Child], within: float = 30.0) -> float:
+    """Seconds until the first of ``nodes`` reports every partition served by ``nodes``, in
+    fair shares."""
+
+    async def wait() -> float:
+        began = time.monotonic()
+        wanted = {f"127.0.0.1:{n.port}" for n in nodes}
+        async with await Client.connect("127.0.0.1", nodes[0].port, timeout=10) as c:
+            while True:
+                owners = [o for o, _ in (await c.call("partition_map"))["owners"]]
+                counts = {o: owners.count(o) for o in set(owners)}
+                if set(counts) == wanted and max(counts.values()) - min(counts.values()) <= 1:
+                    return time.monotonic() - began
+                if time.monotonic() - began > within:
+                    raise RuntimeError(f"not served in {within}s: {counts}")
+                await asyncio.sleep(0.01)  # another process's state: polled
+
+    return asyncio.run(wait())
+
+
+def _signals(pg: Cluster, nodes: list[Child], requests: int, *extra: str) -> dict[str, Any]:
+    """Every node loaded at once; each node's figures, and the database's CPU per signal."""
+    before = postgres_cpu_s(pg)
+    runs = [_bench(n, requests // len(nodes), *extra) for n in nodes]
+    results = [_result(r) for r in runs]
+    signals = sum(r["signals_per_s"] * r["seconds"] for r in results)
+    cpu = sum(r["server_cpu_us"] * r["signals_per_s"] * r["seconds"] for r in results)
+    return {
+        "nodes": results,
+        "signals_per_s": sum(r["signals_per_s"] for r in results),
+        "tidal_cpu_us": cpu / signals,
+        "database_cpu_us": (postgres_cpu_s(pg) - before) * 1e6 / signals,
+    }
+
+
+def _reads(node: Child, workload: str, requests: int) -> dict[str, Any]:
+    run = subprocess.run(
+        [TIDAL, "bench", "--port", str(node.port), "-c", "1", "-P", "1", "-n", str(requests),
+         "--workload", workload, "--json", "--server-pid", str(node.proc.pid)],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(run.stdout)
+    return {k: result[k] for k in ("requests_per_s", "p50_ms", "p99_ms", "server_cpu_us")}
+
+
+def cluster_figures(scale: float = 1.0) -> dict[str, Any]:
+    requests = max(20_000, int(200_000 * scale))
+    reads = max(500, int(2_000 * scale))
+    pg = Cluster()
+    figures: dict[str, Any] = {"shape": "x".join(SHAPE), "requests": requests}
+    try:
+        with _database(pg) as url:
+            single = start([TIDAL, "serve", "--port", "0", "--db", url])
+            try:
+                figures["single"] = _signals(pg, [single], requests)
+                figures["single_counts"] = _reads(single, "counts", reads)
+                figures["single_top"] = _reads(single, "top", reads)
+            finally:
+                stop(single)
+        with _database(pg) as url:
+            one = _node(url)
+            try:
+                _served([one])
+                figures["one_node"] = _signals(pg, [one], requests, "--own-users")
+            finally:
+                stop(one)
+        with _database(pg) as url:
+            three = [_node(url) for _ in range(3)]
+            try:
+                figures["settled_s"] = _served(three)
+                figures["three_nodes"] = _signals(pg, three, requests, "--own-users")
+                figures["cluster_counts"] = _reads(three[1], "counts", reads)
+                figures["cluster_top"] = _reads(three[1], "top", reads)
+                killed = time.monotonic()
+                os.kill(three[2].proc.pid, signal.SIGKILL)
+                three[2].proc.wait()
+                _served(three[:2])
+                figures["takeover_s"] = time.monotonic() - killed
+            finally:
+                for n in three:
+                    if n.proc.poll() is None:
+                        stop(n)
+    finally:
+        pg.destroy()
+    figures["model"] = model(figures)
+    return figures
+
+
+def model(f: dict[str, Any]) -> dict[str, Any]:
+    """Three nodes on three machines, from the per-node figures: each node's core spends
+    its own signals' CPU (``one_node``) and applies the others' log records (what
+    ``three_nodes`` costs a node past that, per signal of the cluster); the database's
+    CPU per signal is the same wherever the load comes from."""
+    own = f["one_node"]["tidal_cpu_us"]
+    three = f["three_nodes"]["tidal_cpu_us"]  # per signal, each node counting its own
+    # a node of three spends `three` per own signal, of which `own` is its own work and the
+    # rest the two others' records: per record-signal applied
+    apply = max(0.0, (three - own) / 2)
+    per_node = {n: 1e6 / (own + (n - 1) * apply) for n in (1, 2, 3, 4, 8)}
+    return {
+        "own_us": own,
+        "apply_us_per_signal": apply,
+        "node_signals_per_s": {n: round(per_node[n]) for n in per_node},
+        "cluster_signals_per_s": {n: round(n * per_node[n]) for n in per_node},
+        "database_cpu_us": f["three_nodes"]["database_cpu_us"],
+    }
+
+
+def cluster_report(f: dict[str, Any] | None) -> list[str]:
+    if not f:
+        return []
+    single, one, three, m = f["single"], f["one_node"], f["three_nodes"], f["model"]
+    nodes = ", ".join(f"{n['server_cpu_us']:.1f}" for n in three["nodes"])
+    rows = [
+        ("one tidal, not in cluster mode", single),
+        ("one cluster node serving every partition", one),
+        ("three cluster nodes, a third of the users each, loaded at once", three),
+    ]
+    return [
+        "",
+        "## More than one node",
+        "",
+        f"`bench/cluster.py`: {f['requests']:,} signals at {f['shape']} on one PostgreSQL, the"
+        " same load generator for each; CPU from `/proc`, tidal's per signal (three nodes: their"
+        " sum over the cluster's signals) and the database's.",
+        "",
+        "| | signals/s | tidal CPU µs/signal | PostgreSQL CPU µs/signal |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {name} | {r['signals_per_s']:,.0f} | {r['tidal_cpu_us']:.1f}"
+            f" | {r['database_cpu_us']:.1f} |"
+            for name, r in rows
+        ),
+        "",
+        f"Cluster mode on one node: {one['tidal_cpu_us'] / single['tidal_cpu_us']:.2f}x the CPU"
+        f" per signal of one tidal. Each of three nodes ({nodes} µs per own signal) also applies"
+        f" the other two's commit log records: {m['apply_us_per_signal']:.1f} µs per signal"
+        " applied.",
+        "",
+        "| read, one at a time | requests/s | p50 ms | p99 ms | server CPU µs/request |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {name} | {r['requests_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f}"
+            f" | {r['server_cpu_us']:.0f} |"
+            for name, r in (
+                ("`counts`, one tidal", f["single_counts"]),
+                ("`counts`, a node of three", f["cluster_counts"]),
+                ("`top`, one tidal", f["single_top"]),
+                ("`top`, a node of three", f["cluster_top"]),
+            )
+        ),
+        "",
+        f"kill -9 of one of three nodes → every partition served by the other two:"
+        f" {f['takeover_s']:.2f} s.",
+        "",
+        "Three machines, modelled from the per-node CPU (each node's core spends its own"
+        f" signals' {m['own_us']:.1f} µs and {m['apply_us_per_signal']:.1f} µs per signal of each"
+        " other node):",
+        "",
+        "| nodes | signals/s per node | cluster signals/s |",
+        "|---:|---:|---:|",
+        *(
+            f"| {n} | {m['node_signals_per_s'][n]:,} | {m['cluster_signals_per_s'][n]:,} |"
+            for n in m["node_signals_per_s"]
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    print(json.dumps(cluster_figures(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0), indent=1))
