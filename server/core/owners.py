@@ -10,6 +10,7 @@ without knowing it commits nothing for it.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from tidal.protocol.partitions import HASH, fmix64
@@ -42,17 +43,25 @@ class Owners:
     def check(self, user_id: int, batch: Batch | None = None) -> None:
         """Refuses a request about ``user_id`` unless this node serves its partition; a
         write (``batch``) notes the partition's epoch, which its transaction checks."""
-        part = fmix64(user_id) % self.partitions
-        epoch = self.owned.get(part)
-        if epoch is None:
-            self.refuse(user_id, part)
-        if time.monotonic() > self.valid_until:
-            raise Unavailable(
-                f"starting: this node is confirming that it still serves partition {part}"
-                f" (user {user_id}); retry"
-            )
-        if batch is not None:
-            batch.parts[part] = epoch
+        self.check_all((user_id,), batch)
+
+    def check_all(self, user_ids: Iterable[int], batch: Batch | None = None) -> None:
+        """``check`` for each of ``user_ids`` (a ``signal_batch``'s), the lease read once."""
+        parts = self.partitions
+        owned = self.owned
+        confirmed = time.monotonic() <= self.valid_until
+        for user_id in user_ids:
+            part = fmix64(user_id) % parts
+            epoch = owned.get(part)
+            if epoch is None:
+                self.refuse(user_id, part)
+            if not confirmed:
+                raise Unavailable(
+                    f"starting: this node is confirming that it still serves partition {part}"
+                    f" (user {user_id}); retry"
+                )
+            if batch is not None:
+                batch.parts[part] = epoch
 
     def refuse(self, user_id: int, part: int) -> NoReturn:
         if part in self.loading:

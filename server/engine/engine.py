@@ -234,8 +234,7 @@ class Engine:
         signals, compact = signal_batch(args)  # all valid, or none applied
         batch = self.committer.writable()
         if self.owners is not None:  # all here, or none applied
-            for s in signals:
-                self.owners.check(s.user_id, batch)
+            self.owners.check_all([s.user_id for s in signals], batch)
         now = self._clock()
         for i, s in enumerate(signals):
             if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
