@@ -104,8 +104,12 @@ class Node:
         snapshot = await self._storage.load_node(half_lives, now_ns, self.first_seq)
         assert self._conn is not None
         self._shared = await tables.shared(self._conn)
+        shared = self._shared
         return dataclasses.replace(
-            snapshot, cohorts=self._shared.cohorts, next_cohort_id=self._shared.next_cohort_id
+            snapshot,
+            cohorts=shared.cohorts,
+            next_cohort_id=shared.next_cohort_id,
+            last_event_id=shared.events,
         )
 
     def start(self, engine: Engine, clock: Callable[[], int]) -> None:

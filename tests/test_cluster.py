@@ -325,6 +325,61 @@ async def test_the_blocking_client_routes_too(nodes: Nodes, database: Database) 
     assert len(await database.rows("SELECT 1 FROM ledger WHERE entity = 's'")) == 120
 
 
+async def test_the_feed_has_gap_free_ids_in_commit_order_on_every_node(
+    nodes: Nodes, database: Database
+) -> None:
+    serving = [await nodes.start() for _ in range(3)]
+    await nodes.settled(serving)
+    stocks = [await n.connect() for n in serving]
+    # from 0: each subscriber replays what committed before it connected, then goes live
+    live = [stock.subscribe(from_id=0) for stock in stocks]
+    got: list[list[Any]] = [[] for _ in live]
+
+    async def read(i: int, wanted: int) -> None:
+        async for event in live[i]:
+            got[i].append(event)
+            if len(got[i]) == wanted:
+                return
+
+    wanted = 4 * (40 + 20 + 4)
+    readers = [asyncio.create_task(read(i, wanted)) for i in range(3)]
+    # leaves and rejoins through every node at once, and cohort changes among them
+    async with await ClusterClient.connect(nodes.address(serving[0]), timeout=10) as c:
+
+        async def churn(offset: int) -> None:
+            for user in range(offset, offset + 40):
+                await c.leave(user)
+                if user % 2:
+                    await c.rejoin(user)
+                if user % 10 == 0:
+                    await c.define_cohort(f"k{user}", {"plan": str(user)})
+
+        await asyncio.gather(*(churn(1000 * i) for i in range(4)))
+    await asyncio.wait_for(asyncio.gather(*readers), 30)
+    table = await database.rows("SELECT id, kind FROM events ORDER BY id")
+    assert [row[0] for row in table] == list(range(1, wanted + 1))  # gap-free, in order
+    for events in got:
+        assert [e.id for e in events] == list(range(1, wanted + 1))
+        assert events == got[0], "every node pushes the same events, in the same order"
+    # a replay from any node reads the same, then goes on live
+    replay = stocks[2].subscribe(from_id=0)
+    async with replay:
+        seen = []
+        async with await ClusterClient.connect(nodes.address(serving[1]), timeout=10) as c:
+            async for event in replay:
+                seen.append(event)
+                if len(seen) == wanted:
+                    await c.leave(99_999)  # after the replay: pushed to it live
+                if len(seen) == wanted + 1:
+                    break
+    assert seen[:wanted] == got[0]
+    assert (seen[-1].id, seen[-1].event, seen[-1].user_id) == (wanted + 1, "leave", 99_999)
+    for sub in live:
+        await sub.close()
+    for stock in stocks:
+        await stock.close()
+
+
 async def test_a_pipelined_leave_and_signal_sent_to_the_wrong_node_are_gated_on_the_right_one(
     nodes: Nodes, database: Database
 ) -> None:

@@ -171,6 +171,7 @@ class Engine:
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
+            self.feed.cluster = True
             for method in _NOT_IN_CLUSTER:
                 self._methods[method] = _not_in_cluster(method)
             for method in ("counts", "top", "cohorts"):
@@ -308,9 +309,9 @@ class Engine:
         batch.decay = self.board.decay
         batch.now_ns = self._clock()
         if self.replica is not None:
-            # cluster mode: the board and cohorts through the commit log; no feed or user
-            # blocks on disk yet (docs/SCALING.md)
-            batch.changes.clear()
+            # cluster mode: the board, the cohorts and the feed through the commit log; no
+            # checkpoint or user blocks on disk yet (docs/SCALING.md)
+            self.feed.prepare(batch)
             self.replica.prepare(batch)
             return
         self.feed.prepare(batch)
@@ -404,7 +405,7 @@ class Engine:
 
 #: what cluster mode does not serve yet: reads across users, and what changes every node's
 #: aggregates or the feed (docs/SCALING.md says what is built)
-_NOT_IN_CLUSTER = ("purge", "erase", "subscribe", "unsubscribe")
+_NOT_IN_CLUSTER = ("purge", "erase")
 
 
 def _not_in_cluster(method: str) -> Handler:

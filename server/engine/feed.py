@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -41,6 +42,8 @@ _LAGGING: Final = notification_head("lagging")
 #: between retention passes once caught up: a tenth of the retention, within these bounds
 PASS_MIN_SECONDS: Final = 1.0
 PASS_MAX_SECONDS: Final = 60.0
+#: cluster mode: the newest events kept in memory, for a replay's last step to live
+RECENT: Final = 10_000
 
 
 class Feed:
@@ -69,6 +72,10 @@ class Feed:
         self.retired = 0  # events deleted by retention since boot
         #: set once a retention pass finds less than a full chunk to delete
         self.caught_up = asyncio.Event()
+        #: cluster mode: events come from the commit log, every node's, their ids given in
+        #: the transactions (``engine.replica``); the newest are kept for replays going live
+        self.cluster = False
+        self.recent: deque[Change] = deque(maxlen=RECENT)
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -120,10 +127,12 @@ class Feed:
     # -- around each commit ----------------------------------------------
 
     def prepare(self, batch: Batch) -> None:
-        """The batch's events take their ids, now that it is next to commit."""
-        for change in batch.changes:
-            change.id = self._next_id
-            self._next_id += 1
+        """The batch's events take their ids, now that it is next to commit (cluster mode:
+        in its transaction, from the commit log's row)."""
+        if not self.cluster:
+            for change in batch.changes:
+                change.id = self._next_id
+                self._next_id += 1
         if batch.retire_events is not None:  # never an event a replay has still to read
             waiting = [sub.position for sub in self._subs.values() if not sub.live]
             batch.retire_events = (batch.retire_events[0], min(waiting, default=self.last_id))
@@ -135,7 +144,7 @@ class Feed:
             sub = self._pages.pop(page, None)
             if sub is not None:
                 self._replayed(sub, page, head)
-        if batch.changes:
+        if batch.changes and not self.cluster:  # cluster mode: pushed as applied
             self.last_id = batch.changes[-1].id
             self._push(batch.changes)
         if batch.retire_events is not None:
@@ -198,6 +207,12 @@ class Feed:
             conn.push(b"".join(data for _, data in mine))
             sub.last_sent = mine[-1][0]
             self.sent += len(mine)
+        if len(rows) < feed.PAGE and self.cluster:
+            if rows:
+                sub.position = rows[-1][0]
+            if not self._catch_up(sub):
+                self.read_on(sub)
+            return
         if len(rows) < feed.PAGE:  # caught up with every event committed before this batch
             sub.position = head
             sub.live = True
@@ -223,8 +238,29 @@ class Feed:
             log.error("replay for %s: %s", sub.conn, message)
             sub.conn.end(msgpack.packb([2, "error", [int(ErrorCode.INVALID_PARAMS), message]]))
 
-    def _push(self, changes: list[Change]) -> None:
-        live = [sub for sub in self._subs.values() if sub.live]
+    def applied(self, changes: list[Change]) -> None:
+        """Cluster mode: a commit log record's events, this node's or another's, in log
+        order: to every live subscriber."""
+        self.last_id = changes[-1].id
+        self.recent.extend(changes)
+        self._push(changes)
+
+    def _catch_up(self, sub: Subscription) -> bool:
+        """Cluster mode: a replay past its last page, live once sent what was applied since
+        that page was read (the page saw what had committed; records applied meanwhile,
+        by the follower or with this batch, pushed only to subscribers live then). False
+        if those are no longer all among the recent events: another page, then."""
+        missed = [c for c in self.recent if c.id > sub.position]
+        if sub.position < self.last_id and (not missed or missed[0].id != sub.position + 1):
+            return False
+        if missed:
+            self._push(missed, [sub])
+        sub.position = self.last_id
+        sub.live = True
+        return True
+
+    def _push(self, changes: list[Change], subs: list[Subscription] | None = None) -> None:
+        live = [sub for sub in self._subs.values() if sub.live] if subs is None else subs
         if not live:
             return
         notes = [EVENT + change.data for change in changes]

@@ -17,6 +17,7 @@ from typing import Any
 from tidal.protocol import ErrorCode
 from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
+from tidal.server.core.feed import Change
 from tidal.server.core.replies import Replier
 from tidal.server.core.tallies import Contribution
 from tidal.server.errors import RequestError
@@ -44,7 +45,7 @@ class Replica:
         board = self._engine.board
         count = 0
         for _, _, record in records:
-            contributions, _ = commit_log.decode(record)
+            contributions, _, _ = commit_log.decode(record)
             board.add(contributions)
             count += 1
         board.keep_cohorts(set(self._engine.cohorts.names()))  # ids are never given twice
@@ -67,7 +68,7 @@ class Replica:
         for log_id, node, record in entry.earlier:
             self.apply(log_id, node, record)
         if entry.id > self.applied:  # else the follower has read it from the log already
-            self._apply(entry.id, batch.board, self._changes(batch), own=True)
+            self._apply(entry.id, batch.board, self._changes(batch), batch.changes, own=True)
 
     @staticmethod
     def _changes(batch: Batch) -> list[commit_log.CohortChange]:
@@ -78,15 +79,17 @@ class Replica:
     def apply(self, log_id: int, node: str, record: bytes) -> None:
         if log_id <= self.applied:
             return
-        contributions, changes = commit_log.decode(record)
+        contributions, changes, events = commit_log.decode(record)
         built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
-        self._apply(log_id, contributions, built, own=node == self._node)
+        pushed = commit_log.changes(events, self._engine.feed.last_id + 1) if events else []
+        self._apply(log_id, contributions, built, pushed, own=node == self._node)
 
     def _apply(
         self,
         log_id: int,
         contributions: Iterable[Contribution],
         changes: list[tuple[Any, ...]],
+        events: list[Change],
         *,
         own: bool,
     ) -> None:
@@ -108,6 +111,8 @@ class Replica:
         if any(len(change) == 1 for change in changes):
             board.keep_cohorts(set(engine.cohorts.names()))
         self.applied = log_id
+        if events:
+            engine.feed.applied(events)
 
     # -- reads that span users ----------------------------------------------
 

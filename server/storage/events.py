@@ -33,7 +33,8 @@ def write(batch: Batch) -> Plan[None]:
     apart from the rows, which retention may delete all of: an id is never given twice."""
     if batch.changes:
         yield Put(EVENTS, [change.encode() for change in batch.changes])
-        yield Exec(SET_META, ("last_event_id", batch.changes[-1].id))
+        if batch.log is None:  # cluster mode: the commit log's row counts them
+            yield Exec(SET_META, ("last_event_id", batch.changes[-1].id))
     if batch.retire_events is not None:
         before_ns, through = batch.retire_events
         batch.events_retired = yield Changed(_RETIRE, (through, feed.RETIRE_EVENTS, before_ns))

@@ -13,7 +13,7 @@ from typing import Final
 import msgpack
 
 from tidal.server.core import ledger, past
-from tidal.server.core.batch import Batch, Entry
+from tidal.server.core.batch import Batch
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
 from . import buckets, events
@@ -70,11 +70,12 @@ FENCE: Final = _HELD
 _LOGGED: Final = f"""
     WITH held AS ({_HELD}),
     head AS (
-        UPDATE tidal_cluster SET log_id = log_id + 1, cohorts = ?
+        UPDATE tidal_cluster SET log_id = log_id + 1, cohorts = ?, events = events + ?
         WHERE cohorts = ? AND (SELECT count(*) FROM held) = ?
-        RETURNING log_id),
+        RETURNING log_id, events),
     logged AS (INSERT INTO tidal_log (id, node, record) SELECT log_id, ?::text, ?::bytea FROM head)
-    SELECT (SELECT array_agg(part) FROM held), (SELECT log_id FROM head)"""
+    SELECT (SELECT array_agg(part) FROM held), (SELECT log_id FROM head),
+        (SELECT events FROM head)"""
 #: the records of other nodes' commits before this one, that this node has not applied:
 #: a statement of its own, its snapshot taken once the lock above is held
 _LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
@@ -111,8 +112,8 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         return False
     yield Begin()
     if batch.log is not None:
-        if batch.cohorts:  # first: cohorts' ids are given by one node at a time
-            yield from _logged(batch.parts, batch.log)
+        if batch.cohorts or batch.changes:  # first: cohorts' and events' ids come from it
+            yield from _logged(batch)
     elif batch.parts:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
         if len(held) != len(batch.parts):
@@ -151,23 +152,27 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
     yield from events.write(batch)
-    if batch.log is not None and not batch.cohorts:  # last: the lock held the least
-        yield from _logged(batch.parts, batch.log)
+    if batch.log is not None and not (batch.cohorts or batch.changes):
+        yield from _logged(batch)  # last: the lock held the least
     yield Commit(batch_id)
     return True
 
 
-def _logged(parts: dict[int, int], entry: Entry) -> Plan[None]:
-    """The fence and the batch's record into the commit log (``_LOGGED``); then the records
-    before it this node has not applied (``engine.replica``), if there are any."""
-    args = (list(parts), list(parts.values()), entry.after, entry.before, len(parts))
-    ((held, log_id),) = yield Rows(_LOGGED, (*args, entry.node, entry.record))
+def _logged(batch: Batch) -> Plan[None]:
+    """The fence and the batch's record into the commit log (``_LOGGED``); its events' ids;
+    then the records before it this node has not applied (``engine.replica``), if any."""
+    parts, entry, changes = batch.parts, batch.log, batch.changes
+    assert entry is not None
+    args = (list(parts), list(parts.values()), entry.after, len(changes), entry.before)
+    ((held, log_id, events),) = yield Rows(_LOGGED, (*args, len(parts), entry.node, entry.record))
     if log_id is None:
         lost = frozenset(parts) - set(held or ())
         if lost:
             raise PartitionsLost(lost)
         raise CohortsChanged()
     entry.id = log_id
+    for i, change in enumerate(changes, start=events - len(changes) + 1):
+        change.id = i
     if log_id != entry.applied + 1:
         entry.earlier = yield Rows(_LOG_EARLIER, (entry.applied, log_id))
 

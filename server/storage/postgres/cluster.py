@@ -38,7 +38,8 @@ _TABLES: Final = (
         hash TEXT NOT NULL,
         next_block BIGINT NOT NULL,  -- the next block of seqs a node may take
         log_id BIGINT NOT NULL DEFAULT 0,  -- the commit log's last id (``core.log``)
-        cohorts BIGINT NOT NULL DEFAULT 0  -- cohort changes committed: their version
+        cohorts BIGINT NOT NULL DEFAULT 0,  -- cohort changes committed: their version
+        events BIGINT NOT NULL DEFAULT 0  -- the change feed's last event id
     )""",
     """CREATE TABLE IF NOT EXISTS tidal_log (
         id BIGINT PRIMARY KEY,
@@ -158,20 +159,22 @@ class Shared:
     next_cohort_id: int
     head: int  # the log's last id
     version: int  # cohort changes committed
+    events: int  # the change feed's last event id
     records: list[tuple[int, str, bytes]]
 
 
 async def shared(conn: asyncpg.Connection) -> Shared:
     """At boot: the cohorts and the whole log, in one snapshot (the board is the log's sum)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        row = await conn.fetchrow("SELECT log_id, cohorts FROM tidal_cluster")
+        row = await conn.fetchrow("SELECT log_id, cohorts, events FROM tidal_cluster")
         assert row is not None  # made with the cluster
-        head, version = row
+        head, version, events = row
         rows = await conn.fetch("SELECT id, name, predicate FROM cohorts ORDER BY id")
         cohorts = [(cid, name, msgpack.unpackb(blob, raw=False)) for cid, name, blob in rows]
         next_id = await conn.fetchval("SELECT value FROM meta WHERE key = 'next_cohort_id'")
         records = await conn.fetch("SELECT id, node, record FROM tidal_log ORDER BY id")
-    return Shared(cohorts, int(next_id or 1), head, version, [(r[0], r[1], r[2]) for r in records])
+    log = [(r[0], r[1], r[2]) for r in records]
+    return Shared(cohorts, int(next_id or 1), head, version, events, log)
 
 
 async def log_after(
