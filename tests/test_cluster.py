@@ -60,6 +60,12 @@ class Nodes:
         self.running.append(node)
         return node
 
+    async def serving(self, count: int, *extra: str) -> list[ServerProcess]:
+        """``count`` nodes, once they share every partition."""
+        nodes = [await self.start(*extra) for _ in range(count)]
+        await self.settled(nodes)
+        return nodes
+
     @staticmethod
     def address(node: ServerProcess) -> str:
         return f"127.0.0.1:{node.port}"
@@ -228,8 +234,7 @@ async def test_three_nodes_share_the_partitions_and_route_each_user_to_one(
 async def test_counts_top_cohorts_and_left_users_from_any_node_are_exact_and_show_every_ack(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start() for _ in range(3)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(3)
     stocks = [await n.connect() for n in serving]
     async with await ClusterClient.connect("127.0.0.1", serving[0].port, timeout=10) as c:
         assert await c.define_cohort("pro", {"plan": "pro"})
@@ -298,8 +303,7 @@ async def test_counts_top_cohorts_and_left_users_from_any_node_are_exact_and_sho
 
 
 async def test_the_blocking_client_routes_too(nodes: Nodes, database: Database) -> None:
-    serving = [await nodes.start() for _ in range(3)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(3)
     seeds = ",".join(nodes.address(n) for n in serving)
 
     def work() -> None:
@@ -328,8 +332,7 @@ async def test_the_blocking_client_routes_too(nodes: Nodes, database: Database) 
 async def test_the_feed_has_gap_free_ids_in_commit_order_on_every_node(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start() for _ in range(3)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(3)
     stocks = [await n.connect() for n in serving]
     # from 0: each subscriber replays what committed before it connected, then goes live
     live = [stock.subscribe(from_id=0) for stock in stocks]
@@ -383,8 +386,7 @@ async def test_the_feed_has_gap_free_ids_in_commit_order_on_every_node(
 async def test_a_pipelined_leave_and_signal_sent_to_the_wrong_node_are_gated_on_the_right_one(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start() for _ in range(3)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(3)
     cluster_map = await nodes.map(serving[0])
     user = next(u for u in range(1000) if owner(cluster_map, u) != nodes.address(serving[0]))
     right = owner(cluster_map, user)
@@ -410,8 +412,7 @@ async def test_a_pipelined_leave_and_signal_sent_to_the_wrong_node_are_gated_on_
 async def test_a_killed_node_s_partitions_are_served_again_and_nothing_acknowledged_is_lost(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start() for _ in range(3)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(3)
     victim = serving[2]
     lost = {p for p, (o, _) in enumerate((await nodes.map(victim))["owners"])
             if o == nodes.address(victim)}  # fmt: skip
@@ -450,8 +451,7 @@ async def test_a_killed_node_s_partitions_are_served_again_and_nothing_acknowled
 async def test_a_paused_node_commits_nothing_for_the_partitions_it_lost(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start("--db-idle-timeout", "2") for _ in range(3)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(3, "--db-idle-timeout", "2")
     paused = serving[0]
     cluster_map = await nodes.map(paused)
     user = next(u for u in range(1000) if owner(cluster_map, u) == nodes.address(paused))
@@ -488,8 +488,7 @@ async def test_a_commit_for_a_partition_taken_meanwhile_is_refused_by_its_epoch(
 ) -> None:
     """The fence itself, with the node's lease still good: another session takes one of the
     node's partitions (as a node would: epoch bumped) while the node's commit waits on it."""
-    serving = [await nodes.start()]
-    await nodes.settled(serving)
+    serving = await nodes.serving(1)
     user = 42
     part = partition(user, PARTITIONS)
     async with await serving[0].connect() as c:
@@ -516,8 +515,7 @@ async def test_a_commit_for_a_partition_taken_meanwhile_is_refused_by_its_epoch(
 async def test_a_joining_node_takes_its_share_by_handover_and_nothing_acknowledged_is_lost(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start() for _ in range(2)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(2)
     seeds = ",".join(nodes.address(n) for n in serving)
     clients = [await ClusterClient.connect(seeds, timeout=10) for _ in range(4)]
     progress = Progress()
@@ -545,8 +543,7 @@ async def test_a_joining_node_takes_its_share_by_handover_and_nothing_acknowledg
 async def test_a_batch_split_across_nodes_says_which_part_was_acknowledged(
     nodes: Nodes, database: Database
 ) -> None:
-    serving = [await nodes.start() for _ in range(2)]
-    await nodes.settled(serving)
+    serving = await nodes.serving(2)
     cluster_map = await nodes.map(serving[0])
     async with await ClusterClient.connect(nodes.address(serving[0]), timeout=10) as c:
         users = list(range(20))
