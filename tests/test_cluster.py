@@ -154,6 +154,43 @@ class Writer:
             n += 1
 
 
+class Load:
+    """Four routing clients, each a ``Writer``, writing until ``stop``."""
+
+    def __init__(self, clients: list[ClusterClient]) -> None:
+        self.progress = Progress()
+        self.writers = [Writer(c, i, self.progress) for i, c in enumerate(clients)]
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(w.run(self._stop)) for w in self.writers]
+
+    @classmethod
+    async def on(cls, serving: list[ServerProcess]) -> Load:
+        seeds = ",".join(Nodes.address(n) for n in serving)
+        return cls([await ClusterClient.connect(seeds, timeout=10) for _ in range(4)])
+
+    async def more(self, count: int) -> None:
+        """Returns once ``count`` more signals are acknowledged."""
+        await self.progress.reach(self.progress.count + count)
+
+    @property
+    def refused(self) -> int:
+        return sum(w.refused for w in self.writers)
+
+    async def stop(self, database: Database, readers: list[ServerProcess]) -> int:
+        """Stop writing; check every acknowledgement (``check_acknowledged``), counts read
+        from each of ``readers``. How many were checked."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        clients = [w.client for w in self.writers]
+        nodes = [await n.connect() for n in readers]
+        try:
+            return await check_acknowledged(database, clients[0], self.writers, *nodes)
+        finally:
+            closing: list[Client | ClusterClient] = [*clients, *nodes]
+            for c in closing:
+                await c.close()
+
+
 async def check_acknowledged(
     database: Database, client: ClusterClient, writers: list[Writer], *readers: Client
 ) -> int:
@@ -416,36 +453,25 @@ async def test_a_killed_node_s_partitions_are_served_again_and_nothing_acknowled
     victim = serving[2]
     lost = {p for p, (o, _) in enumerate((await nodes.map(victim))["owners"])
             if o == nodes.address(victim)}  # fmt: skip
-    seeds = ",".join(nodes.address(n) for n in serving)
-    clients = [await ClusterClient.connect(seeds, timeout=10) for _ in range(4)]
-    progress = Progress()
-    writers = [Writer(c, i, progress) for i, c in enumerate(clients)]
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(w.run(stop)) for w in writers]
-    await progress.reach(400)
+    load = await Load.on(serving)
+    await load.more(400)
     killed = time.monotonic()
     await victim.kill9()
     took = await nodes.settled(serving[:2])
-    await progress.reach(progress.count + 400)
-    stop.set()
-    await asyncio.gather(*tasks)
+    await load.more(400)
     first = min(
-        t - killed for w in writers for t, u in w.acked_at
+        t - killed for w in load.writers for t, u in w.acked_at
         if t > killed and partition(u, PARTITIONS) in lost
     )  # fmt: skip
     print(
         f"kill -9 to its {len(lost)} partitions served by the other two: {took:.2f}s; to the"
-        f" first acknowledged write for one of them: {first:.2f}s;"
-        f" {sum(w.refused for w in writers)} refusals retried"
+        f" first acknowledged write for one of them: {first:.2f}s; {load.refused} refusals"
+        " retried"
     )
     assert took < TAKEOVER, f"the partitions were served again after {took:.2f}s"
     again = await nodes.start()  # a node that boots replays the commit log: the same counts
-    readers = [await n.connect() for n in (*serving[:2], again)]
-    checked = await check_acknowledged(database, clients[0], writers, *readers)
+    checked = await load.stop(database, [*serving[:2], again])
     print(f"{checked} acknowledged signals and leaves checked")
-    closing: list[Client | ClusterClient] = [*clients, *readers]
-    for c in closing:
-        await c.close()
 
 
 async def test_a_paused_node_commits_nothing_for_the_partitions_it_lost(
@@ -516,28 +542,18 @@ async def test_a_joining_node_takes_its_share_by_handover_and_nothing_acknowledg
     nodes: Nodes, database: Database
 ) -> None:
     serving = await nodes.serving(2)
-    seeds = ",".join(nodes.address(n) for n in serving)
-    clients = [await ClusterClient.connect(seeds, timeout=10) for _ in range(4)]
-    progress = Progress()
-    writers = [Writer(c, i, progress) for i, c in enumerate(clients)]
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(w.run(stop)) for w in writers]
-    await progress.reach(300)
+    load = await Load.on(serving)
+    await load.more(300)
     joined = time.monotonic()
     serving.append(await nodes.start())
     took = await nodes.settled(serving)
-    await progress.reach(progress.count + 300)
-    stop.set()
-    await asyncio.gather(*tasks)
-    print(f"a third node joined and had its share {took:.2f}s after listening"
-          f" ({time.monotonic() - joined:.2f}s in all); {sum(w.refused for w in writers)}"
-          " refusals retried")  # fmt: skip
-    readers = [await n.connect() for n in serving]
-    checked = await check_acknowledged(database, clients[0], writers, *readers)
+    await load.more(300)
+    print(
+        f"a third node joined and had its share {took:.2f}s after listening"
+        f" ({time.monotonic() - joined:.2f}s in all); {load.refused} refusals retried"
+    )
+    checked = await load.stop(database, serving)
     print(f"{checked} acknowledged signals and leaves checked")
-    closing: list[Client | ClusterClient] = [*clients, *readers]
-    for c in closing:
-        await c.close()
 
 
 async def test_a_batch_split_across_nodes_says_which_part_was_acknowledged(
