@@ -105,27 +105,35 @@ class ClusterClient:
                 )
         return client
 
-    async def routed(self, user_id: int | None, call: Callable[[Client], Awaitable[T]]) -> T:
+    async def routed(self, user_id: int, call: Callable[[Client], Awaitable[T]]) -> T:
         """``call`` on the node serving ``user_id``, following ``moved`` (``Router.after``).
         A node lost with the request sent raises ``ConnectionLost``, and the map is read
         again for the next call."""
         attempt = 0
         while True:
-            owner = None if user_id is None else self.router.owner(user_id)
+            owner = self.router.owner(user_id)
             sent = False
             try:
                 client = await self.node(owner)
                 sent = True
                 return await call(client)
             except (TidalError, OSError) as exc:
-                step = self.router.after(exc, user_id, attempt, sent=sent)
-                if step is None:
-                    if isinstance(exc, ConnectionLost):
-                        await self._drop(owner, refresh=True)
+                if not await self._next(exc, user_id, attempt, owner, sent):
                     raise
-                await asyncio.sleep(step.wait)  # a pace, not a synchronisation
-                await self._drop(owner if step.drop else None, refresh=step.refresh)
             attempt += 1
+
+    async def _next(
+        self, exc: BaseException, user_id: int | None, attempt: int, owner: str | None, sent: bool
+    ) -> bool:
+        """The step ``Router.after`` says, taken; False: the caller raises ``exc``."""
+        step = self.router.after(exc, user_id, attempt, sent=sent)
+        if step is None:
+            if isinstance(exc, ConnectionLost):
+                await self._drop(owner, refresh=True)
+            return False
+        await asyncio.sleep(step.wait)  # a pace, not a synchronisation
+        await self._drop(owner if step.drop else None, refresh=step.refresh)
+        return True
 
     async def _drop(self, owner: str | None, *, refresh: bool) -> None:
         """A node gone: its client closed; and the map read again, if asked."""
@@ -174,11 +182,8 @@ class ClusterClient:
                     sent = True
                     acked = await client.signal_batch([items[i] for i in indexes])
                 except (TidalError, OSError) as exc:
-                    step = self.router.after(exc, None, attempt, sent=sent)
-                    if step is None:
+                    if not await self._next(exc, None, attempt, owner, sent):
                         raise
-                    await asyncio.sleep(step.wait)  # a pace, not a synchronisation
-                    await self._drop(owner if step.drop else None, refresh=step.refresh)
                     attempt += 1
                     continue
                 for i, ack in zip(indexes, acked, strict=True):

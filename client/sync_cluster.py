@@ -78,26 +78,33 @@ class SyncClusterClient:
                 self._nodes[owner] = client
             return client
 
-    def routed(self, user_ids: list[int], call: Callable[[SyncClient], T]) -> T:
-        """``call`` on the node serving ``user_ids`` (one user, or a batch part's)."""
+    def routed(self, user_id: int, call: Callable[[SyncClient], T]) -> T:
+        """``call`` on the node serving ``user_id``, following ``moved``."""
         attempt = 0
         while True:
-            owner = self.router.owner(user_ids[0])
+            owner = self.router.owner(user_id)
             sent = False
             try:
                 client = self.node(owner)
                 sent = True
                 return call(client)
             except (TidalError, OSError) as exc:
-                one = user_ids[0] if len(user_ids) == 1 else None
-                step = self.router.after(exc, one, attempt, sent=sent)
-                if step is None:
-                    if isinstance(exc, ConnectionLost):
-                        self._drop(owner, refresh=True)
+                if not self._next(exc, user_id, attempt, owner, sent):
                     raise
-                time.sleep(step.wait)  # backoff: this client blocks by design
-                self._drop(owner if step.drop else None, refresh=step.refresh)
             attempt += 1
+
+    def _next(
+        self, exc: BaseException, user_id: int | None, attempt: int, owner: str | None, sent: bool
+    ) -> bool:
+        """The step ``Router.after`` says, taken; False: the caller raises ``exc``."""
+        step = self.router.after(exc, user_id, attempt, sent=sent)
+        if step is None:
+            if isinstance(exc, ConnectionLost):
+                self._drop(owner, refresh=True)
+            return False
+        time.sleep(step.wait)  # backoff: this client blocks by design
+        self._drop(owner if step.drop else None, refresh=step.refresh)
+        return True
 
     def _drop(self, owner: str | None, *, refresh: bool) -> None:
         with self._lock:
@@ -111,45 +118,46 @@ class SyncClusterClient:
     # -- one user's requests: to its node -----------------------------------
 
     def signal(self, user_id: int, entity: str, kind: str, **options: Any) -> SignalAck:
-        return self.routed([user_id], lambda c: c.signal(user_id, entity, kind, **options))
+        return self.routed(user_id, lambda c: c.signal(user_id, entity, kind, **options))
 
     def leave(self, user_id: int, *, purge: bool = False) -> Membership:
-        return self.routed([user_id], lambda c: c.leave(user_id, purge=purge))
+        return self.routed(user_id, lambda c: c.leave(user_id, purge=purge))
 
     def rejoin(self, user_id: int) -> Membership:
-        return self.routed([user_id], lambda c: c.rejoin(user_id))
+        return self.routed(user_id, lambda c: c.rejoin(user_id))
 
     def status(self, user_id: int) -> Membership:
-        return self.routed([user_id], lambda c: c.status(user_id))
+        return self.routed(user_id, lambda c: c.status(user_id))
 
     def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
-        return self.routed([user_id], lambda c: c.history(user_id, limit, after_ns))
+        return self.routed(user_id, lambda c: c.history(user_id, limit, after_ns))
 
     def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
         """One ``signal_batch`` per node, one after another; ``PartlyApplied`` if a part
         failed after another was acknowledged."""
         items = list(signals)
         acks: list[SignalAck | None] = [None] * len(items)
-        pending = list(self.router.split([s.user_id for s in items]).values())
+        pending = [(ix, 0) for ix in self.router.split([s.user_id for s in items]).values()]
         while pending:
-            indexes = pending.pop()
-            users = [items[i].user_id for i in indexes]
-            split = self.router.split(users)
+            indexes, attempt = pending.pop()
+            split = self.router.split([items[i].user_id for i in indexes])
             if len(split) > 1:  # the map changed since: one part per node again
-                pending += [[indexes[j] for j in ix] for ix in split.values()]
+                pending += [([indexes[j] for j in ix], attempt) for ix in split.values()]
                 continue
-            part = [items[i] for i in indexes]
-
-            def send(client: SyncClient, part: list[Signal] = part) -> list[SignalAck]:
-                return client.signal_batch(part)
-
+            owner = self.router.owner(items[indexes[0]].user_id)
+            sent = False
             try:
-                sent = self.routed(users, send)
+                client = self.node(owner)
+                sent = True
+                acked = client.signal_batch([items[i] for i in indexes])
             except (TidalError, OSError) as exc:
+                if self._next(exc, None, attempt, owner, sent):
+                    pending.append((indexes, attempt + 1))
+                    continue
                 if all(ack is None for ack in acks):
                     raise
                 raise PartlyApplied(acks, exc) from exc
-            for i, ack in zip(indexes, sent, strict=True):
+            for i, ack in zip(indexes, acked, strict=True):
                 acks[i] = ack
         return [ack for ack in acks if ack is not None]
 
