@@ -349,10 +349,10 @@ class Engine:
     def committed(self, batch: Batch) -> None:
         if self.replica is None:
             self._board_committed(batch)
-        else:
+            self.user_rows.committed(batch)
+        else:  # cluster mode: no user blocks yet (``prepare``), so no tail to keep
             self.replica.committed(batch)
         self.aggregates.signals_committed(batch.signals)
-        self.user_rows.committed(batch)
         self.ledger_rows += batch.signals - batch.retired
         self.ledger_rows -= sum(w.signals for w in batch.past if w.erase)  # gone from now on
         self.past.committed(batch)
