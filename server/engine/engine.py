@@ -310,8 +310,12 @@ class Engine:
         batch.now_ns = self._clock()
         if self.replica is not None:
             # cluster mode: the board, the cohorts and the feed through the commit log; no
-            # checkpoint or user blocks on disk yet (docs/SCALING.md)
+            # checkpoint or user blocks on disk yet (docs/SCALING.md); old keys go as often
+            # as a checkpoint would take them
             self.feed.prepare(batch)
+            if self.aggregates.due(self.board):
+                self.aggregates.began()
+                self.keys.forget_old(batch, self._clock())
             self.replica.prepare(batch)
             return
         self.feed.prepare(batch)
