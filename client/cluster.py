@@ -21,7 +21,7 @@ from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import ConnectionLost, TidalError
 from .routing import Router, address
-from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top
+from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top, Withdrawn
 
 T = TypeVar("T")
 #: a node's client tries to reconnect once: a node gone is left for the map's next owner
@@ -146,8 +146,12 @@ class ClusterClient:
 
     # -- one user's requests: to its node -----------------------------------
 
-    async def signal(self, user_id: int, entity: str, kind: str, **options: Any) -> SignalAck:
-        return await self.routed(user_id, lambda c: c.signal(user_id, entity, kind, **options))
+    async def signal(
+        self, user_id: int, entity: str, kind: str, weight: float = 1.0, **options: Any
+    ) -> SignalAck:
+        return await self.routed(
+            user_id, lambda c: c.signal(user_id, entity, kind, weight, **options)
+        )
 
     async def leave(self, user_id: int, *, purge: bool = False) -> Membership:
         return await self.routed(user_id, lambda c: c.leave(user_id, purge=purge))
@@ -157,6 +161,12 @@ class ClusterClient:
 
     async def status(self, user_id: int) -> Membership:
         return await self.routed(user_id, lambda c: c.status(user_id))
+
+    async def purge(self, user_id: int) -> Withdrawn:
+        return await self.routed(user_id, lambda c: c.purge(user_id))
+
+    async def erase(self, user_id: int) -> Withdrawn:
+        return await self.routed(user_id, lambda c: c.erase(user_id))
 
     async def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
         return await self.routed(user_id, lambda c: c.history(user_id, limit, after_ns))

@@ -11,7 +11,7 @@ from typing import Any, Final, NamedTuple
 
 from tidal.protocol.partitions import HASH, partition
 
-from .errors import ConnectionLost, InvalidArgument, Moved, Unavailable
+from .errors import ConnectFailed, ConnectionLost, InvalidArgument, Moved, Unavailable
 
 #: a request follows ``moved`` (or waits out a partition between owners) this many times
 #: before the error is the caller's
@@ -84,7 +84,9 @@ class Router:
             passing = exc.starting or exc.retry  # changed under the request's signals
             return Step(pace, False, False) if passing and not last else None
         if isinstance(exc, (ConnectionLost, OSError)):
-            return None if sent or last else Step(pace, True, True)
+            # a node's client that cannot reconnect has sent nothing: the node is gone
+            unsent = not sent or isinstance(exc, ConnectFailed)
+            return Step(pace, True, True) if unsent and not last else None
         return None
 
     def split(self, user_ids: Sequence[int]) -> dict[str | None, list[int]]:

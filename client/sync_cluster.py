@@ -19,7 +19,7 @@ from .cluster import NODE_RECONNECTS, PartlyApplied
 from .errors import ConnectionLost, TidalError
 from .routing import Router, address
 from .sync import SyncClient
-from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top
+from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top, Withdrawn
 
 T = TypeVar("T")
 
@@ -117,8 +117,10 @@ class SyncClusterClient:
 
     # -- one user's requests: to its node -----------------------------------
 
-    def signal(self, user_id: int, entity: str, kind: str, **options: Any) -> SignalAck:
-        return self.routed(user_id, lambda c: c.signal(user_id, entity, kind, **options))
+    def signal(
+        self, user_id: int, entity: str, kind: str, weight: float = 1.0, **options: Any
+    ) -> SignalAck:
+        return self.routed(user_id, lambda c: c.signal(user_id, entity, kind, weight, **options))
 
     def leave(self, user_id: int, *, purge: bool = False) -> Membership:
         return self.routed(user_id, lambda c: c.leave(user_id, purge=purge))
@@ -128,6 +130,12 @@ class SyncClusterClient:
 
     def status(self, user_id: int) -> Membership:
         return self.routed(user_id, lambda c: c.status(user_id))
+
+    def purge(self, user_id: int) -> Withdrawn:
+        return self.routed(user_id, lambda c: c.purge(user_id))
+
+    def erase(self, user_id: int) -> Withdrawn:
+        return self.routed(user_id, lambda c: c.erase(user_id))
 
     def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
         return self.routed(user_id, lambda c: c.history(user_id, limit, after_ns))

@@ -201,7 +201,7 @@ class Node:
         def ours(user_id: int) -> bool:
             return owners.part(user_id) in taken
 
-        engine.adopt(ours, state.left, state.rejoined, state.keys, first_seq)
+        engine.adopt(ours, state.left, state.rejoined, state.keys, first_seq, state.rules)
         owners.owned.update(taken)
         log.info(
             "took %d partitions in %.3fs (%d leave records): serving %d",

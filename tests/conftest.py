@@ -34,12 +34,14 @@ BOUND = re.compile(rb"bound \S+:(\d+);")
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A test about what tidal promises runs on both backends, when marked so; one marked
-    ``through_cluster`` runs on SQLite and through a ``ClusterClient`` on three nodes."""
+    ``through_cluster`` runs on SQLite (or both) and through a ``ClusterClient`` on three
+    nodes."""
     if "backend" not in metafunc.fixturenames:
         return
+    cluster = metafunc.definition.get_closest_marker("through_cluster") is not None
     if metafunc.definition.get_closest_marker("both_backends"):
-        metafunc.parametrize("backend", BACKENDS)
-    elif metafunc.definition.get_closest_marker("through_cluster"):
+        metafunc.parametrize("backend", (*BACKENDS, "cluster") if cluster else BACKENDS)
+    elif cluster:
         metafunc.parametrize("backend", ("sqlite", "cluster"))
 
 

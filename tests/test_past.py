@@ -42,6 +42,7 @@ def only_user_2(counts: Counts, ledger: Tally) -> None:
     assert counts.communities == {"x": {"view": Tally(3, 3.0)}, "y": {"view": Tally(3, 3.0)}}
 
 
+@pytest.mark.through_cluster
 async def test_purge_withdraws_one_user_s_past_and_nobody_else_s(client: Client) -> None:
     await seed(client)
     purged = await client.purge(1)
@@ -78,6 +79,7 @@ async def test_purge_reaches_rows_in_the_table_and_in_memory_and_survives_restar
     await server.shutdown()
 
 
+@pytest.mark.through_cluster
 async def test_leave_with_purge_answers_both_and_history_records_both(client: Client) -> None:
     await seed(client)
     left = await client.leave(2, purge=True)
@@ -211,6 +213,7 @@ async def test_a_refused_commit_undoes_an_erase(server: Server) -> None:
         assert (await c.erase(1)).signals == 4  # and it works once the disk does
 
 
+@pytest.mark.through_cluster
 async def test_history_pages_by_time_and_left_users_by_id(client: Client) -> None:
     for _ in range(3):
         await client.leave(9)

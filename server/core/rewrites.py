@@ -70,6 +70,7 @@ class Rewrite:
     deleted: int = 0  # rows the writer deleted (retention may have taken some first)
     seconds: float = 0.0  # the writer's time on it
     keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
+    job: Job | None = None  # whose chunk this is
 
 
 class Rewrites:
@@ -108,11 +109,19 @@ class Rewrites:
         seqs = job.seqs[job.done : job.done + self._chunk]
         ends = job.done + len(seqs) >= len(job.seqs)
         last = ends and job.user not in withdrawing and self._only(job)
-        return Rewrite(job.user, job.erase, seqs, last)
+        return Rewrite(job.user, job.erase, seqs, last, job=job)
+
+    def drop(self, user: int) -> None:
+        """Cluster mode: the user's partition is served by another node now, which rewrites
+        what is left (it loads the rule as it takes the partition)."""
+        self._jobs = deque(job for job in self._jobs if job.user != user)
+        self.rules.pop(user, None)
 
     def committed(self, rewrite: Rewrite) -> Job | None:
         """The chunk is on disk; returns its job if that is done."""
-        job = self._jobs[0]
+        job = rewrite.job
+        if job is None or not self._jobs or self._jobs[0] is not job:
+            return None  # dropped meanwhile (cluster mode: its partition went)
         job.done += len(rewrite.seqs)
         job.commits += 1
         job.longest = max(job.longest, rewrite.seconds)

@@ -24,6 +24,7 @@ from operator import itemgetter
 from typing import Final
 
 from .batch import Batch
+from .ledger import Row
 
 #: rows per block
 BLOCK: Final = 4096
@@ -60,6 +61,24 @@ def blank(block: bytes, first_seq: int, seqs: Iterable[int]) -> bytes:
     for seq in seqs:
         users[seq - first_seq] = 0
     return users.tobytes()
+
+
+def runs(rows: list[Row]) -> list[tuple[int, bytes]]:
+    """Cluster mode: a commit's own blocks, one per run of consecutive seqs (a run breaks
+    only where the node took a new block of seqs), written in its transaction. Nodes'
+    seqs interleave in no order of blocks of ``BLOCK``, and a node that fails keeps no
+    tail in memory for another to lose."""
+    if not rows:
+        return []
+    if rows[-1][0] - rows[0][0] == len(rows) - 1:  # all but always: one run
+        return [(rows[0][0], pack(map(_user_of, rows)))]
+    blocks = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][0] != rows[i - 1][0] + 1:
+            blocks.append((rows[start][0], pack(map(_user_of, rows[start:i]))))
+            start = i
+    return blocks
 
 
 class UserRows:

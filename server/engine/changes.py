@@ -75,6 +75,8 @@ class Changes:
         params.arity(args, "purge", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         self._e.committer.writable()  # refused now, if writes are
+        if self._e.owners is not None:  # checked again as it joins its batch (``past``)
+            self._e.owners.check(user_id)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
 
         def join(batch: Batch) -> None:
@@ -89,6 +91,8 @@ class Changes:
         params.arity(args, "erase", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         batch = self._e.committer.writable()
+        if self._e.owners is not None:
+            self._e.owners.check(user_id, batch)
         w = Withdrawal(user_id, self._e.next_seq(), erase=True)
         self._e.keys.erasing(batch, user_id, w.before_seq)
         if not self._e.members.is_left(user_id):

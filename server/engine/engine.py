@@ -24,7 +24,7 @@ from typing import Any
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
 from tidal.protocol.partitions import HASH
-from tidal.server.core import chunks, ledger, params, restore
+from tidal.server.core import chunks, ledger, params, restore, userrows
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import Board
@@ -35,7 +35,7 @@ from tidal.server.core.members import Members
 from tidal.server.core.owners import Owners
 from tidal.server.core.replies import Replier
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
-from tidal.server.core.rewrites import Rewrites
+from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
 from tidal.server.core.signals import SignalArgs, compact_acks, signal_batch, single_signal
 from tidal.server.core.userrows import UserRows
 from tidal.server.core.windows import AHEAD_NS
@@ -130,6 +130,7 @@ class Engine:
             clock,
             self.keys,
             self.user_rows,
+            owners,
         )
         self.feed = Feed(
             snapshot.last_event_id,
@@ -172,8 +173,6 @@ class Engine:
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
             self.feed.cluster = True
-            for method in _NOT_IN_CLUSTER:
-                self._methods[method] = _not_in_cluster(method)
             for method in ("counts", "top", "cohorts"):
                 self._methods[method] = self.replica.synced(method, self._methods[method])
 
@@ -317,6 +316,9 @@ class Engine:
                 self.aggregates.began()
                 self.keys.forget_old(batch, self._clock())
             self.replica.prepare(batch)
+            batch.users_blocks = userrows.runs(batch.ledger)  # the survey's rows: all on disk
+            if self.committer.full is None:
+                batch.rewrite = self._owned_chunk(batch)
             return
         self.feed.prepare(batch)
         if self.aggregates.due(self.board) or self.shelf.rewrite:
@@ -329,6 +331,20 @@ class Engine:
             w.recent += [row[0] for row in batch.ledger if row[1] == user and row[0] < w.before_seq]
         if self.committer.full is None:  # after a refused commit, a request tries first
             batch.rewrite = self.past.rewrites.chunk({to_db(w.user_id) for w in batch.past})
+
+    def _owned_chunk(self, batch: Batch) -> Rewrite | None:
+        """Cluster mode: the next chunk of rows to rewrite, of a user this node still serves,
+        fenced with the batch; a user another node serves now is left to that one."""
+        assert self.owners is not None
+        rewrites = self.past.rewrites
+        while (chunk := rewrites.chunk({to_db(w.user_id) for w in batch.past})) is not None:
+            part = self.owners.part(from_db(chunk.user))
+            epoch = self.owners.owned.get(part)
+            if epoch is not None:
+                batch.parts[part] = epoch
+                return chunk
+            rewrites.drop(chunk.user)
+        return None
 
     def busy(self) -> bool:
         return self.committer.full is None and self.past.rewrites.busy()
@@ -398,22 +414,16 @@ class Engine:
         rejoined: dict[int, int],
         keys: OrderedDict[str, tuple[int, bool, int]],
         first_seq: int,
+        rules: dict[int, Rule],
     ) -> None:
-        """Partitions taken over: their users' state as the database holds it, and seqs
-        from a block above any their previous owner used (``first_seq``)."""
+        """Partitions taken over: their users' state as the database holds it (with the
+        rules of purges and erasures whose rows are still to rewrite, which this node
+        goes on with), and seqs from a block above any their previous owner used."""
         self.members.reload(ours, left, rejoined)
         self.keys.adopt(keys)
+        for user, rule in rules.items():
+            if rule.erase_before:
+                self.keys.erasing_since(from_db(user), rule.erase_before)
+        self.past.adopt(ours, rules)
         self._seq_floor = max(self._seq_floor, first_seq)
         self._next_seq = max(self._next_seq, first_seq)
-
-
-#: what cluster mode does not serve yet: reads across users, and what changes every node's
-#: aggregates or the feed (docs/SCALING.md says what is built)
-_NOT_IN_CLUSTER = ("purge", "erase")
-
-
-def _not_in_cluster(method: str) -> Handler:
-    def refuse(conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        raise MethodNotFound(f"{method}: not served in cluster mode yet (docs/SCALING.md)")
-
-    return refuse

@@ -27,11 +27,12 @@ from typing import Final
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
 from tidal.server.core.keys import Keys
+from tidal.server.core.owners import Owners
 from tidal.server.core.past import Withdrawal
 from tidal.server.core.replies import Later, Replier
-from tidal.server.core.rewrites import Rewrites
+from tidal.server.core.rewrites import Rewrites, Rule
 from tidal.server.core.userrows import UserRows
-from tidal.server.errors import StorageFailure, Unavailable
+from tidal.server.errors import RequestError, StorageFailure, Unavailable
 from tidal.server.storage import past as storage_past
 from tidal.server.storage.interface import Storage
 from tidal.server.storage.sqlbulk import U64, from_db, to_db
@@ -70,6 +71,7 @@ class Past:
         clock: Callable[[], int],
         keys: Keys,
         user_rows: UserRows,
+        owners: Owners | None = None,
     ) -> None:
         self._storage = storage
         self._committer = committer
@@ -81,11 +83,23 @@ class Past:
         self._asked: deque[Asked] = deque()  # read, not yet in a batch
         #: users with a withdrawal in a batch not yet committed: done when it is
         self._joined: dict[int, asyncio.Future[None]] = {}
+        self._owners = owners
         self._task: asyncio.Task[None] | None = None
-        self._resumed = not rewrites.rules  # rows a loaded rule covers, found again
+        #: rules loaded (at boot, or with partitions taken) whose rows are still to find
+        self._unresumed = dict(rewrites.rules)
 
     def start(self) -> None:
-        if not self._resumed:
+        if self._unresumed:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
+
+    def adopt(self, ours: Callable[[int], bool], rules: dict[int, Rule]) -> None:
+        """Cluster mode: partitions taken over, with the rules of their users' withdrawals
+        not all rewritten yet; this node finds their rows and goes on rewriting them."""
+        for user in [u for u in self.rewrites.rules if ours(from_db(u))]:
+            self.rewrites.drop(user)  # of an earlier time this node served them
+        self.rewrites.rules.update(rules)
+        self._unresumed.update(rules)
+        if rules and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
 
     async def close(self) -> None:
@@ -168,13 +182,14 @@ class Past:
             self._task = None
 
     async def _survey(self) -> None:
-        while not self._resumed:
-            try:
-                await self._resume()
-            except StorageFailure as exc:
-                log.error("finding the rows of unfinished purges and erasures failed (%s)", exc)
-                await asyncio.sleep(RESUME_RETRY)  # a schedule, not a synchronisation
-        while self._asked:
+        while self._asked or self._unresumed:
+            if self._unresumed:
+                try:
+                    await self._resume()
+                except StorageFailure as exc:
+                    log.error("finding the rows of unfinished purges and erasures failed (%s)", exc)
+                    await asyncio.sleep(RESUME_RETRY)  # a schedule, not a synchronisation
+                continue
             head = to_db(self._asked[0].w.user_id)
             if (ahead := self._joined.get(head)) is not None:
                 await asyncio.shield(ahead)  # it must be read through that one's rule
@@ -182,9 +197,12 @@ class Past:
             group = self._group()
             for a in group:
                 a.w.rule = self.rewrites.rule(to_db(a.w.user_id))
+            through = None
+            if self._owners is not None:  # each commit writes its blocks: all on disk before
+                through = (self._committer.inflight or self._committer.open).first_seq
             survey = functools.partial(
                 storage_past.survey, ws=[a.w for a in group], decay=self._decay(),
-                now_ns=self._clock(),
+                now_ns=self._clock(), through=through,
             )  # fmt: skip
             try:
                 surveys = await self._storage.read(survey)
@@ -201,6 +219,12 @@ class Past:
                 if a not in self._asked:
                     continue  # refused meanwhile, with the batch it was read in
                 self._asked.remove(a)
+                if self._owners is not None:
+                    try:  # still served here, and fenced with the batch it joins
+                        self._owners.check(a.w.user_id, batch)
+                    except RequestError as exc:
+                        self._refuse(a, str(exc), exc.code)
+                        continue
                 a.w.survey = found
                 self._joined[to_db(a.w.user_id)] = asyncio.get_running_loop().create_future()
                 a.join(batch)
@@ -224,8 +248,9 @@ class Past:
         return group
 
     async def _resume(self) -> None:
-        """At boot: the rows the loaded rules still cover, to rewrite."""
-        for user, rule in list(self.rewrites.rules.items()):
+        """At boot, or partitions taken: the rows the loaded rules still cover, to rewrite."""
+        while self._unresumed:
+            user, rule = next(iter(self._unresumed.items()))
             tail = self._user_rows.recent(user, U64)
             unwritten = functools.partial(storage_past.unwritten, user=user, rule=rule, tail=tail)
             erase, purge = await self._storage.read(unwritten)
@@ -233,12 +258,13 @@ class Past:
                 self.rewrites.resume(user, True, erase)
             if purge or not erase:
                 self.rewrites.resume(user, False, purge)
+            if self._unresumed.get(user) == rule:  # else adopted anew meanwhile
+                del self._unresumed[user]
             log.info(
                 "user %d: %d rows of a purge or erase still to rewrite",
                 from_db(user),
                 len(erase) + len(purge),
             )
-        self._resumed = True
 
     def _refuse(self, a: Asked, message: str, code: int = ErrorCode.UNAVAILABLE) -> None:
         a.conn.reply_error(a.msgid, code, message)

@@ -55,7 +55,8 @@ class Replica:
     # -- a batch of this node's --------------------------------------------
 
     def prepare(self, batch: Batch) -> None:
-        record = commit_log.encode(batch)
+        # a withdrawal's part is known once the writer has found its rows: encoded then
+        record = b"" if batch.past else commit_log.encode(batch)
         if record is None:
             return
         before = batch.cohorts_at if batch.cohorts_at >= 0 else self.version
@@ -68,7 +69,8 @@ class Replica:
         for log_id, node, record in entry.earlier:
             self.apply(log_id, node, record)
         if entry.id > self.applied:  # else the follower has read it from the log already
-            self._apply(entry.id, batch.board, self._changes(batch), batch.changes, own=True)
+            contributions = commit_log.board(batch)
+            self._apply(entry.id, contributions, self._changes(batch), batch.changes, own=True)
 
     @staticmethod
     def _changes(batch: Batch) -> list[commit_log.CohortChange]:

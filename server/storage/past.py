@@ -100,12 +100,22 @@ def _rows_of(d: Dialect, user: int, seqs: list[int]) -> Plan[list[past.PastRow]]
 
 
 def survey(
-    d: Dialect, ws: list[past.Withdrawal], decay: Sequence[tuple[int, int]], now_ns: int
+    d: Dialect,
+    ws: list[past.Withdrawal],
+    decay: Sequence[tuple[int, int]],
+    now_ns: int,
+    through: int | None = None,
 ) -> Plan[list[past.Survey]]:
     """Withdrawals' rows that the snapshot's blocks list, and what they take off: run on
-    the reader, in one read transaction, beside the writer. The blocks are read once."""
-    ((last,),) = yield Rows("SELECT MAX(first_seq) FROM ledger_users")
-    through = 0 if last is None else last + userrows.BLOCK
+    the reader, in one read transaction, beside the writer. The blocks are read once.
+
+    They are those of the blocks below ``through``: past the last block by default; in
+    cluster mode, where each commit writes its own block (``userrows.runs``), below the
+    first seq not committed when the survey was asked for, so that the writer finds the
+    rest (``withdraw``), though other nodes' blocks lie above and below."""
+    if through is None:
+        ((last,),) = yield Rows("SELECT MAX(first_seq) FROM ledger_users")
+        through = 0 if last is None else last + userrows.BLOCK
     watermark = yield from table_watermark()
     blocks = yield Rows(_BLOCKS + " WHERE first_seq < ?", (through,))
     surveys = []
@@ -126,7 +136,8 @@ def withdraw(d: Dialect, batch: Batch, watermark: int) -> Plan[None]:
     if not surveys:
         return
     through = min(survey.through for survey in surveys)
-    blocks = yield Rows(_BLOCKS + " WHERE first_seq >= ?", (through,))
+    below = max(w.before_seq for w in batch.past)  # no block above holds a row they reach
+    blocks = yield Rows(_BLOCKS + " WHERE first_seq >= ? AND first_seq < ?", (through, below))
     for w, survey in zip(batch.past, surveys, strict=True):
         past_it = [(first, block) for first, block in blocks if first >= survey.through]
         yield from _withdraw(d, w, survey, past_it, watermark, batch)
@@ -163,14 +174,17 @@ def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
         keys = f"DELETE FROM signal_keys WHERE {d.in_seqs} RETURNING key, seq"
         r.keys = yield Rows(keys, (listed,))
         r.deleted = yield Changed(f"DELETE FROM ledger WHERE {mine}", (listed, r.user))
-        by_block: dict[int, list[int]] = {}
-        for seq in r.seqs:
-            by_block.setdefault(userrows.block_of(seq), []).append(seq)
-        in_firsts = d.among("first_seq")
-        for first, block in (
-            yield Rows(_BLOCKS + f" WHERE {in_firsts}", (d.seqs(list(by_block)),))
-        ):
-            yield Exec(PUT_BLOCK, (first, userrows.blank(block, first, by_block[first])))
+        # the block each row is in: the last to start at or before it (a cluster's blocks
+        # are one per commit, not one per BLOCK seqs)
+        containing = (
+            f"SELECT first_seq, users FROM ledger_users WHERE first_seq IN"
+            f" (SELECT (SELECT MAX(first_seq) FROM ledger_users WHERE first_seq <= s.seq)"
+            f" FROM {d.listed('seq')} s)"
+        )
+        for first, block in (yield Rows(containing, (listed,))):
+            inside = [seq for seq in r.seqs if first <= seq < first + len(block) // 8]
+            if inside:  # a row past the last block (in memory) is in none
+                yield Exec(PUT_BLOCK, (first, userrows.blank(block, first, inside)))
         if r.deleted:
             yield Exec(ADD_META, ("ledger_deleted", r.deleted))
     elif r.seqs:

@@ -13,6 +13,7 @@ from typing import Final
 import msgpack
 
 from tidal.server.core import ledger, past
+from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
@@ -76,6 +77,17 @@ _LOGGED: Final = f"""
     logged AS (INSERT INTO tidal_log (id, node, record) SELECT log_id, ?::text, ?::bytea FROM head)
     SELECT (SELECT array_agg(part) FROM held), (SELECT log_id FROM head),
         (SELECT events FROM head)"""
+#: ... and for a batch with a purge or erase, in two: the id first, since its events take
+#: theirs from it, and the record last, once the withdrawals have found what they take off
+_LOG_ID: Final = f"""
+    WITH held AS ({_HELD}),
+    head AS (
+        UPDATE tidal_cluster SET log_id = log_id + 1, cohorts = ?, events = events + ?
+        WHERE cohorts = ? AND (SELECT count(*) FROM held) = ?
+        RETURNING log_id, events)
+    SELECT (SELECT array_agg(part) FROM held), (SELECT log_id FROM head),
+        (SELECT events FROM head)"""
+_LOG_RECORD: Final = "INSERT INTO tidal_log (id, node, record) VALUES (?, ?, ?)"
 #: the records of other nodes' commits before this one, that this node has not applied:
 #: a statement of its own, its snapshot taken once the lock above is held
 _LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
@@ -112,7 +124,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         return False
     yield Begin()
     if batch.log is not None:
-        if batch.cohorts or batch.changes:  # first: cohorts' and events' ids come from it
+        if batch.cohorts or batch.changes or batch.past:  # first: events' ids come from it
             yield from _logged(batch)
     elif batch.parts:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
@@ -152,7 +164,10 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
     yield from events.write(batch)
-    if batch.log is not None and not (batch.cohorts or batch.changes):
+    if batch.log is not None and batch.past:
+        batch.log.record = commit_log.encode(batch) or b""
+        yield Exec(_LOG_RECORD, (batch.log.id, batch.log.node, batch.log.record))
+    elif batch.log is not None and not (batch.cohorts or batch.changes):
         yield from _logged(batch)  # last: the lock held the least
     yield Commit(batch_id)
     return True
@@ -164,7 +179,12 @@ def _logged(batch: Batch) -> Plan[None]:
     parts, entry, changes = batch.parts, batch.log, batch.changes
     assert entry is not None
     args = (list(parts), list(parts.values()), entry.after, len(changes), entry.before)
-    ((held, log_id, events),) = yield Rows(_LOGGED, (*args, len(parts), entry.node, entry.record))
+    if batch.past:  # its record is written last (``apply``)
+        ((held, log_id, events),) = yield Rows(_LOG_ID, (*args, len(parts)))
+    else:
+        ((held, log_id, events),) = yield Rows(
+            _LOGGED, (*args, len(parts), entry.node, entry.record)
+        )
     if log_id is None:
         lost = frozenset(parts) - set(held or ())
         if lost:

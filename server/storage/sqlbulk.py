@@ -114,6 +114,7 @@ class Dialect:
 
     in_list: str  # "{column} IN ..." with one placeholder
     json_seqs: bool
+    table: str  # the list as a table: "(SELECT ... AS {column} ...)" with one placeholder
 
     def among(self, column: str) -> str:
         """``column`` is one of the list given as the placeholder's argument (``seqs``)."""
@@ -123,12 +124,24 @@ class Dialect:
     def in_seqs(self) -> str:
         return self.among("seq")
 
+    def listed(self, column: str) -> str:
+        """The list given as the placeholder's argument, as a table of one ``column``."""
+        return self.table.format(column=column)
+
     def seqs(self, seqs: list[int]) -> Any:
         return "[" + ",".join(map(str, seqs)) + "]" if self.json_seqs else seqs
 
 
-SQLITE: Final = Dialect("{column} IN (SELECT value FROM json_each(?))", json_seqs=True)
-POSTGRES: Final = Dialect("{column} = ANY(?::bigint[])", json_seqs=False)
+SQLITE: Final = Dialect(
+    "{column} IN (SELECT value FROM json_each(?))",
+    json_seqs=True,
+    table="(SELECT value AS {column} FROM json_each(?))",
+)
+POSTGRES: Final = Dialect(
+    "{column} = ANY(?::bigint[])",
+    json_seqs=False,
+    table="(SELECT unnest(?::bigint[]) AS {column})",
+)
 
 # -- statements both run as written ----------------------------------------
 

@@ -12,13 +12,14 @@ lost a partition commits nothing more for it, whether or not it knows yet.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import asyncpg
 import msgpack
 
 from tidal.protocol.partitions import HASH, fmix64
+from tidal.server.core.rewrites import Rule
 from tidal.server.errors import DatabaseInUse, DatabaseUnusable
 from tidal.server.storage.sqlbulk import from_db
 
@@ -79,14 +80,18 @@ _KEYS: Final = """
     FROM signal_keys k JOIN ledger l ON l.seq = k.seq
     WHERE k.ts_ns >= $1 ORDER BY k.ts_ns DESC LIMIT $2"""
 
+_RULES: Final = "SELECT user_id, purge_before, erase_before FROM rewrites"
+
 
 @dataclass(slots=True)
 class PartitionState:
-    """What a node loads for the partitions it takes: their users' leave state and keys."""
+    """What a node loads for the partitions it takes: their users' leave state and keys,
+    and the rules of their purges and erasures whose rows are still to rewrite."""
 
     left: dict[int, int]
     rejoined: dict[int, int]
     keys: OrderedDict[str, tuple[int, bool, int]]
+    rules: dict[int, Rule] = field(default_factory=dict)  # by user as stored
 
 
 async def join(
@@ -240,4 +245,7 @@ async def load(
     for key, seq, forwarded, ts, user in reversed(rows):
         if ours(from_db(user)):
             state.keys[key] = (seq, bool(forwarded), ts)
+    for user, purge_before, erase_before in await conn.fetch(_RULES, timeout=None):
+        if ours(from_db(user)):
+            state.rules[user] = Rule(purge_before, erase_before)
     return state
