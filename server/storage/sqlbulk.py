@@ -35,6 +35,17 @@ class Bulk(NamedTuple):
     values: tuple[str, ...] = ()
 
 
+def unnested(bulk: Bulk) -> str:
+    """PostgreSQL's form of a ``Bulk``: one array per column, unnested side by side, in one
+    statement (``?`` placeholders, one per column)."""
+    arrays = ", ".join(f"?::{kind}[]" for kind in bulk.types)
+    if not bulk.values:
+        return f"{bulk.head} SELECT * FROM unnest({arrays}){bulk.tail}"
+    names = [f"c{i}" for i in range(1, len(bulk.types) + 1)]
+    select = ", ".join(v.replace("?", name) for v, name in zip(bulk.values, names, strict=True))
+    return f"{bulk.head} SELECT {select} FROM unnest({arrays}) AS t({', '.join(names)}){bulk.tail}"
+
+
 # -- what a plan yields; each is answered with its result -------------------
 
 

@@ -13,7 +13,7 @@ from typing import Any, Final, cast
 import asyncpg
 
 from tidal.server.errors import DatabaseUnusable
-from tidal.server.storage.sqlbulk import Bulk, Try
+from tidal.server.storage.sqlbulk import Bulk, Try, unnested
 
 CONNECT_TIMEOUT: Final = 5.0
 #: A database that stops answering, network and all (a host's power lost, a partition:
@@ -88,12 +88,7 @@ def numbered(sql: str) -> str:
 @functools.lru_cache(maxsize=64)
 def unnest(bulk: Bulk) -> str:
     """Many rows in one statement: one array per column, unnested side by side."""
-    arrays = ", ".join(f"${i}::{kind}[]" for i, kind in enumerate(bulk.types, 1))
-    if not bulk.values:
-        return f"{bulk.head} SELECT * FROM unnest({arrays}){bulk.tail}"
-    names = [f"c{i}" for i in range(1, len(bulk.types) + 1)]
-    select = ", ".join(v.replace("?", name) for v, name in zip(bulk.values, names, strict=True))
-    return f"{bulk.head} SELECT {select} FROM unnest({arrays}) AS t({', '.join(names)}){bulk.tail}"
+    return numbered(unnested(bulk))
 
 
 def why(exc: BaseException) -> str:
