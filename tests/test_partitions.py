@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tidal.client.errors import ConnectionLost, InvalidParams, Moved, Unavailable
 from tidal.client.routing import MOVES, Router, Step, address
@@ -27,6 +29,11 @@ from tidal.server.core import shares
 def test_the_hash_is_the_documented_one(user_id: int, hashed: int, part: int) -> None:
     assert fmix64(user_id) == hashed
     assert partition(user_id, 256) == part
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(1, 65_536))
+def test_the_fast_partition_is_the_documented_rule(user_id: int, partitions: int) -> None:
+    assert partition(user_id, partitions) == fmix64(user_id) % partitions
 
 
 def test_sequential_users_spread_evenly() -> None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from tidal.protocol.partitions import HASH, fmix64
+from tidal.protocol.partitions import HASH, partition
 from tidal.server.errors import Moved, Unavailable
 
 from .batch import Batch
@@ -38,13 +38,13 @@ class Owners:
         self.valid_until = 0.0
 
     def part(self, user_id: int) -> int:
-        return fmix64(user_id) % self.partitions
+        return partition(user_id, self.partitions)
 
     def check(self, user_id: int, batch: Batch | None = None) -> None:
         """Refuses a request about ``user_id`` unless this node serves its partition; a
         write (``batch``) notes the partition's epoch, which its transaction checks. On
         every signal: ``check_all``'s rule for one user, without its loop."""
-        part = fmix64(user_id) % self.partitions
+        part = partition(user_id, self.partitions)
         epoch = self.owned.get(part)
         if epoch is None:
             self.refuse(user_id, part)
@@ -59,7 +59,7 @@ class Owners:
         owned = self.owned
         confirmed = time.monotonic() <= self.valid_until
         for user_id in user_ids:
-            part = fmix64(user_id) % parts
+            part = partition(user_id, parts)
             epoch = owned.get(part)
             if epoch is None:
                 self.refuse(user_id, part)

@@ -18,7 +18,7 @@ from typing import Any, Final
 import asyncpg
 import msgpack
 
-from tidal.protocol.partitions import HASH, fmix64
+from tidal.protocol.partitions import HASH, partition
 from tidal.server.core.rewrites import Rule
 from tidal.server.errors import DatabaseInUse, DatabaseUnusable
 from tidal.server.storage.sqlbulk import from_db
@@ -234,7 +234,7 @@ async def load(
     node before is visible, and none after can happen (its epochs no longer match)."""
 
     def ours(user: int) -> bool:
-        return fmix64(user) % partitions in parts
+        return partition(user, partitions) in parts
 
     state = PartitionState({}, {}, OrderedDict())
     for user, left, at in await conn.fetch(_MEMBERS, timeout=None):
