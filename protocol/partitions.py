@@ -35,15 +35,15 @@ def fmix64(key: int) -> int:
 
 def partition(user_id: int, partitions: int) -> int:
     """The partition of ``user_id`` (0 to 2**64 - 1) among ``partitions``: ``fmix64``,
-    worked out in 32-bit halves and 16-bit pieces, so that no value it makes reaches
-    2**62. Compiled, each is then a machine word, not an allocated big integer: this is
-    on every request of a cluster node, where ``fmix64`` as written cost 2.7% of a
-    signal's CPU (py-spy). tests/test_partitions.py holds the two equal."""
+    worked out in 32-bit halves and products of 16-bit pieces. Compiled, each value is
+    then a machine word (mypyc multiplies words only below 2**30), not an allocated big
+    integer: this is on every request of a cluster node, where ``fmix64`` as written cost
+    2.7% of a signal's CPU (py-spy). tests/test_partitions.py holds the two equal."""
     high, low = user_id >> 32, user_id & _LOW
     low ^= high >> 1  # key ^= key >> 33
-    high, low = _times(high, low, 0xFF51AFD7, 0xED558CCD)
+    high, low = _times(high, low, 0xFF51, 0xAFD7, 0xED55, 0x8CCD)
     low ^= high >> 1
-    high, low = _times(high, low, 0xC4CEB9FE, 0x1A85EC53)
+    high, low = _times(high, low, 0xC4CE, 0xB9FE, 0x1A85, 0xEC53)
     low ^= high >> 1
     return ((high % partitions) * (_HALF % partitions) + low) % partitions
 
@@ -52,16 +52,18 @@ _LOW: Final = (1 << 32) - 1
 _HALF: Final = 1 << 32
 
 
-def _low_times(a: int, b: int) -> int:
-    """``a * b mod 2**32``, for ``a`` and ``b`` below 2**32."""
-    return ((a & 0xFFFF) * b + (((a >> 16) * b) & 0xFFFF) * 0x10000) & _LOW
+def _times(high: int, low: int, c3: int, c2: int, c1: int, c0: int) -> tuple[int, int]:
+    """``(high * 2**32 + low) * c mod 2**64``, as its 32-bit halves; ``c`` given as four
+    16-bit pieces, the highest first."""
+    a1, a0 = low >> 16, low & 0xFFFF
+    middle = a0 * c1 + a1 * c0
+    bottom = a0 * c0 + ((middle & 0xFFFF) << 16)
+    carry = (bottom >> 32) + (middle >> 16) + a1 * c1  # low * (c mod 2**32), its high half
+    high = (carry + _low_times(high, c1, c0) + _low_times(low, c3, c2)) & _LOW
+    return high, bottom & _LOW
 
 
-def _times(high: int, low: int, c_high: int, c_low: int) -> tuple[int, int]:
-    """``(high * 2**32 + low) * (c_high * 2**32 + c_low) mod 2**64``, as its halves."""
-    low0 = (low & 0xFFFF) * c_low  # below 2**48
-    low1 = (low >> 16) * c_low
-    sum_ = low0 + (low1 & 0xFFFF) * 0x10000  # below 2**49
-    carry = (sum_ >> 32) + (low1 >> 16)
-    high = (carry + _low_times(high, c_low) + _low_times(low, c_high)) & _LOW
-    return high, sum_ & _LOW
+def _low_times(a: int, b1: int, b0: int) -> int:
+    """``a * (b1 * 2**16 + b0) mod 2**32``, for ``a`` below 2**32."""
+    a1, a0 = a >> 16, a & 0xFFFF
+    return (a0 * b0 + (((a0 * b1 + a1 * b0) & 0xFFFF) << 16)) & _LOW
