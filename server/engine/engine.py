@@ -35,14 +35,14 @@ from tidal.server.core.members import Members
 from tidal.server.core.owners import Owners
 from tidal.server.core.replies import Replier
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
-from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
+from tidal.server.core.rewrites import Rewrites, Rule
 from tidal.server.core.signals import SignalArgs, compact_acks, signal_batch, single_signal
 from tidal.server.core.userrows import UserRows
 from tidal.server.core.windows import AHEAD_NS
 from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
-from tidal.server.storage.sqlbulk import I64_MAX, U64, from_db, to_db
+from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
 
 from .changes import Changes
 from .committer import Committer
@@ -98,9 +98,6 @@ class Engine:
         self.members = Members.adopt(snapshot.left, snapshot.rejoined)
         self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
         self.keys = Keys(snapshot.keys, key_window_ns, max_keys)
-        for user, rule in snapshot.rules.items():  # an erase's rows not all deleted yet
-            if rule.erase_before:
-                self.keys.erasing_since(from_db(user), rule.erase_before)
         self.aggregates = Aggregates(
             every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
@@ -318,7 +315,7 @@ class Engine:
             self.replica.prepare(batch)
             batch.users_blocks = userrows.runs(batch.ledger)  # the survey's rows: all on disk
             if self.committer.full is None:
-                batch.rewrite = self._owned_chunk(batch)
+                batch.rewrite = self.past.chunk(batch)
             return
         self.feed.prepare(batch)
         if self.aggregates.due(self.board) or self.shelf.rewrite:
@@ -330,21 +327,7 @@ class Engine:
             w.recent = self.user_rows.recent(user, w.before_seq)
             w.recent += [row[0] for row in batch.ledger if row[1] == user and row[0] < w.before_seq]
         if self.committer.full is None:  # after a refused commit, a request tries first
-            batch.rewrite = self.past.rewrites.chunk({to_db(w.user_id) for w in batch.past})
-
-    def _owned_chunk(self, batch: Batch) -> Rewrite | None:
-        """Cluster mode: the next chunk of rows to rewrite, of a user this node still serves,
-        fenced with the batch; a user another node serves now is left to that one."""
-        assert self.owners is not None
-        rewrites = self.past.rewrites
-        while (chunk := rewrites.chunk({to_db(w.user_id) for w in batch.past})) is not None:
-            part = self.owners.part(from_db(chunk.user))
-            epoch = self.owners.owned.get(part)
-            if epoch is not None:
-                batch.parts[part] = epoch
-                return chunk
-            rewrites.drop(chunk.user)
-        return None
+            batch.rewrite = self.past.chunk(batch)
 
     def busy(self) -> bool:
         return self.committer.full is None and self.past.rewrites.busy()
@@ -421,9 +404,6 @@ class Engine:
         goes on with), and seqs from a block above any their previous owner used."""
         self.members.reload(ours, left, rejoined)
         self.keys.adopt(keys)
-        for user, rule in rules.items():
-            if rule.erase_before:
-                self.keys.erasing_since(from_db(user), rule.erase_before)
         self.past.adopt(ours, rules)
         self._seq_floor = max(self._seq_floor, first_seq)
         self._next_seq = max(self._next_seq, first_seq)

@@ -30,7 +30,7 @@ from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
 from tidal.server.core.past import Withdrawal
 from tidal.server.core.replies import Later, Replier
-from tidal.server.core.rewrites import Rewrites, Rule
+from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
 from tidal.server.core.userrows import UserRows
 from tidal.server.errors import RequestError, StorageFailure, Unavailable
 from tidal.server.storage import past as storage_past
@@ -86,7 +86,8 @@ class Past:
         self._owners = owners
         self._task: asyncio.Task[None] | None = None
         #: rules loaded (at boot, or with partitions taken) whose rows are still to find
-        self._unresumed = dict(rewrites.rules)
+        self._unresumed: dict[int, Rule] = {}
+        self._loaded(rewrites.rules)
 
     def start(self) -> None:
         if self._unresumed:
@@ -98,9 +99,33 @@ class Past:
         for user in [u for u in self.rewrites.rules if ours(from_db(u))]:
             self.rewrites.drop(user)  # of an earlier time this node served them
         self.rewrites.rules.update(rules)
-        self._unresumed.update(rules)
+        self._loaded(rules)
         if rules and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
+
+    def _loaded(self, rules: dict[int, Rule]) -> None:
+        """Rules read from the database: their rows are to be found, and an erase's keys
+        are forgotten from its ``erase_before`` down while its rows are not all deleted."""
+        self._unresumed.update(rules)
+        for user, rule in rules.items():
+            if rule.erase_before:
+                self._keys.erasing_since(from_db(user), rule.erase_before)
+
+    def chunk(self, batch: Batch) -> Rewrite | None:
+        """The next chunk of rows to rewrite, with ``batch``. Cluster mode: of a user this
+        node still serves, fenced with the batch; a user another node serves now is left
+        to that one, which loaded the rule as it took the partition."""
+        withdrawing = {to_db(w.user_id) for w in batch.past}
+        if self._owners is None:
+            return self.rewrites.chunk(withdrawing)
+        while (chunk := self.rewrites.chunk(withdrawing)) is not None:
+            part = self._owners.part(from_db(chunk.user))
+            epoch = self._owners.owned.get(part)
+            if epoch is not None:
+                batch.parts[part] = epoch
+                return chunk
+            self.rewrites.drop(chunk.user)
+        return None
 
     async def close(self) -> None:
         """Every withdrawal read has joined a batch, or been refused."""
