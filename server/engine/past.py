@@ -58,6 +58,7 @@ class Asked:
     msgid: int | None
     reply: Later
     asked_in: Batch  # the open batch when it was read
+    saved: str  # what was written as it was read, kept if the withdrawal is refused
     deferred: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -135,8 +136,10 @@ class Past:
     # -- requests ------------------------------------------------------------
 
     def ask(self, w: Withdrawal, join: Callable[[Batch], None], conn: Replier,
-            msgid: int | None, reply: Later) -> None:  # fmt: skip
-        self._asked.append(Asked(w, join, conn, msgid, reply, self._committer.open))
+            msgid: int | None, reply: Later, saved: str = "") -> None:  # fmt: skip
+        """``saved``: what the request wrote as it was read (a leave), which a refusal
+        of the withdrawal does not take back, for the refusal to say."""
+        self._asked.append(Asked(w, join, conn, msgid, reply, self._committer.open, saved))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
 
@@ -159,7 +162,10 @@ class Past:
                 self.rewrites.took_effect(user, w.erase, w.before_seq, w.seqs)
             if w.erase:
                 self._user_rows.erased(user, w.before_seq)  # no trace in the next blocks
-                if not w.seqs:
+                if not self.rewrites.rule(user).erase_before:
+                    # nothing of the user's is left to delete: their keys went with their
+                    # rows. While an earlier erase's rows are still being deleted, their
+                    # keys stay forgotten until its last chunk (``rewrite.last``)
                     self._keys.erased(w.user_id, w.before_seq)
         rewrite = batch.rewrite
         if rewrite is not None:
@@ -236,9 +242,13 @@ class Past:
                 for a in group:
                     if a in self._asked:
                         self._asked.remove(a)
-                        self._refuse(
-                            a, f"storage unavailable: {exc}; nothing of this request was saved"
+                        self._unerasing(a.w)
+                        unsaved = (
+                            f"{a.saved}; the rest of this request was not saved: ask again"
+                            if a.saved
+                            else "nothing of this request was saved"
                         )
+                        self._refuse(a, f"storage unavailable: {exc}; {unsaved}")
                 continue
             for a, found in zip(group, surveys, strict=True):
                 if a not in self._asked:
@@ -248,6 +258,7 @@ class Past:
                     try:  # still served here, and fenced with the batch it joins
                         self._owners.check(a.w.user_id, batch)
                     except RequestError as exc:
+                        self._unerasing(a.w)
                         self._refuse(a, str(exc), exc.code)
                         continue
                 a.w.survey = found
@@ -258,6 +269,16 @@ class Past:
                 self._committer.ack(a.conn, a.msgid, a.reply)
                 for request in a.deferred:
                     request()
+
+    def _unerasing(self, w: Withdrawal) -> None:
+        """An erase refused after its batch took it in: its keys count again, down to
+        what an earlier erase of the user, still deleting, forgets."""
+        if w.erase:
+            rule = self.rewrites.rule(to_db(w.user_id))
+            if rule.erase_before:
+                self._keys.erasing_since(w.user_id, rule.erase_before)
+            else:
+                self._keys.erased(w.user_id, w.before_seq)
 
     def _group(self) -> list[Asked]:
         """The withdrawals read first, up to ``SURVEY_GROUP`` of them, that one survey may
