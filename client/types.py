@@ -82,9 +82,10 @@ class Event:
 class FeedEvent:
     """An event of the change feed. ``id`` increases by exactly 1 per event; the fields
     after ``at_ns`` are those the event has: ``user_id`` and ``left_at_ns`` (leave,
-    rejoin, erase; a rejoin's is the leave it ends), ``purged`` (purge, leave with purge),
-    ``erased`` (erase: a count, nothing of the user's data), a cohort's ``name`` and
-    ``predicate`` (define_cohort; drop_cohort has the name)."""
+    rejoin, erase; a rejoin's is the leave it ends), ``purged`` (purge; a leave with
+    purge makes a leave event, then a purge event), ``erased`` (erase: a count, nothing
+    of the user's data), a cohort's ``name`` and ``predicate`` (define_cohort;
+    drop_cohort has the name)."""
 
     id: int
     event: Literal["leave", "rejoin", "purge", "erase", "define_cohort", "drop_cohort"]

@@ -144,12 +144,14 @@ async def test_purge_and_erase_on_the_user_s_node_withdraw_exactly_from_every_no
         for reader in readers:
             await reader.close()
     # the feed: every node pushes the same events, with the counts the owners found
-    feeds = await replayed(serving, 1 + len(withdrawn) + len(left))
+    feeds = await replayed(serving, 1 + len(withdrawn) + 2 * len(left))
     assert all(events == feeds[0] for events in feeds)
-    by_user = {e.user_id: e for e in feeds[0][1:]}
+    by_user = {e.user_id: e for e in feeds[0][1:]}  # each user's last event
     assert all(by_user[u].event == "purge" and by_user[u].purged == 4 for u in purged)
     assert all(by_user[u].event == "erase" and by_user[u].erased == 4 for u in erased)
-    assert all(by_user[u].event == "leave" and by_user[u].purged == 4 for u in leaving)
+    # a leave with purge: a leave event, then a purge event of its own
+    assert all(by_user[u].event == "purge" and by_user[u].purged == 4 for u in leaving)
+    assert sorted(e.user_id or 0 for e in feeds[0] if e.event == "leave") == leaving
     # a node booted now replays the commit log, withdrawals with the rest: the same counts
     late = await nodes.start()
     async with await late.connect() as reader:

@@ -115,16 +115,17 @@ async def test_each_change_is_one_event_and_signals_are_none(started: Server) ->
         {"id": 1, "event": "leave", "user_id": 1},
         {"id": 2, "event": "purge", "user_id": 1, "purged": 2},  # the gated one counted nowhere
         {"id": 3, "event": "define_cohort", "name": "de", "predicate": {"country": "de"}},
-        {"id": 4, "event": "leave", "user_id": 2, "purged": 0},
-        {"id": 5, "event": "erase", "user_id": 3, "erased": 0},
-        {"id": 6, "event": "rejoin", "user_id": 1},
-        {"id": 7, "event": "drop_cohort", "name": "de"},
+        {"id": 4, "event": "leave", "user_id": 2},  # a leave with purge: two events
+        {"id": 5, "event": "purge", "user_id": 2, "purged": 0},
+        {"id": 6, "event": "erase", "user_id": 3, "erased": 0},
+        {"id": 7, "event": "rejoin", "user_id": 1},
+        {"id": 8, "event": "drop_cohort", "name": "de"},
     ]
     assert got[0].left_at_ns == got[0].at_ns == leave.left_at_ns
     assert got[1].at_ns == purge.at_ns and got[1].purged == purge.signals
-    left_at = got[4].left_at_ns
-    assert got[4].at_ns == erase.at_ns and left_at is not None and left_at < erase.at_ns
-    assert got[5].left_at_ns == leave.left_at_ns  # a rejoin keeps when they left
+    left_at = got[5].left_at_ns
+    assert got[5].at_ns == erase.at_ns and left_at is not None and left_at < erase.at_ns
+    assert got[6].left_at_ns == leave.left_at_ns  # a rejoin keeps when they left
     times = [e.at_ns for e in got]
     assert times == sorted(times) and len(set(times)) == len(times)
 

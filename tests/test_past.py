@@ -18,6 +18,7 @@ from tidal.server import Config, Server
 from tidal.server.core import userrows
 from tidal.server.core.ledger import COMMUNITY
 from tidal.server.engine import retention
+from tidal.server.errors import StorageFailure
 from tidal.server.storage.sqlite.schema import MIGRATIONS
 
 from .conftest import Database, ServerProcess
@@ -172,6 +173,52 @@ async def test_erase_deletes_the_rows_and_every_trace_but_the_event(database: Da
     assert keys == [(late.seq,)]
     events = await database.rows("SELECT event, signals FROM history WHERE user_id = 1")
     assert events == [(4, 4)]
+
+
+async def test_a_withdrawal_whose_rows_cannot_be_read_says_what_was_saved(
+    server: Server,
+) -> None:
+    """The survey of a leave with purge, or of an erase, fails (a read refused, as when
+    PostgreSQL restarts) after the leave it made was committed: the error says the user
+    is Left, the feed and history say so too, and nothing else of it happened: the
+    erase's keys still answer, counted once."""
+    storage = server._storage
+    assert storage is not None
+    real = storage.read
+    failing = asyncio.Event()
+
+    async def read(plan: Any) -> Any:
+        if failing.is_set():
+            failing.clear()
+            raise StorageFailure("read failed: injected", transient=True)
+        return await real(plan)
+
+    storage.read = read  # type: ignore[method-assign]
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+        kept = await c.signal(3, "song", "view", key="k-3")
+        failing.set()
+        with pytest.raises(Unavailable) as refused:
+            await c.leave(1, purge=True)
+        assert "the leave is saved (the user is Left); the rest" in refused.value.message
+        failing.set()
+        with pytest.raises(Unavailable) as refused:
+            await c.erase(3)
+        assert "the user is Left, as the erase was read; the rest" in refused.value.message
+        assert (await c.status(1)).left and (await c.status(3)).left
+        assert [e.event for e in await c.history(1)] == ["leave"]
+        assert await c.history(3) == []
+        assert (await c.counts("song")).communities["x"] == {"view": Tally(6, 9.0)}
+        again = await c.signal(3, "song", "view", key="k-3")  # not erased: the same row
+        assert again == kept
+        assert (await c.purge(1)).signals == 3  # asked again: it happens now
+        events = []
+        async with c.subscribe(from_id=0) as feed:
+            async for event in feed:
+                events.append((event.event, event.user_id, event.purged))
+                if event.event == "purge":
+                    break
+    assert events == [("define_cohort", None, None), ("leave", 1, None), ("purge", 1, 3)]
 
 
 async def test_the_past_survives_kill_9(process: ServerProcess) -> None:

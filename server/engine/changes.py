@@ -40,21 +40,21 @@ class Changes:
         at = membership.left_at_ns
         assert at is not None  # a leave has its time
         self._line(batch, user_id, LEAVE, at)
-        change = Change(feed.LEAVE, at, user_id, at)
+        batch.changes.append(Change(feed.LEAVE, at, user_id, at))
         if not purge:
-            batch.changes.append(change)
             self._e.committer.ack(conn, msgid, membership.wire())
             return
-        # the leave is committed at once; its event and reply go with the purge, which
-        # takes effect a commit or two later (refused if the leave's batch is)
+        # the leave is committed at once, with its event; the purge, with an event of its
+        # own (a filter on "purge" sees it), takes effect a commit or two later, and the
+        # reply goes with it (refused if the leave's batch is)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
 
         def join(batch: Batch) -> None:
-            change.at_ns = self._event(batch, user_id, PURGE, w)
-            change.withdrawal = w
-            batch.changes.append(change)
+            at = self._event(batch, user_id, PURGE, w)
+            batch.changes.append(Change(feed.PURGE, at, user_id, withdrawal=w))
 
-        self._e.past.ask(w, join, conn, msgid, Outcome(w, membership))
+        saved = "the leave is saved (the user is Left)"
+        self._e.past.ask(w, join, conn, msgid, Outcome(w, membership), saved)
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "rejoin", "user_id", 1, 1)
@@ -95,10 +95,12 @@ class Changes:
             self._e.owners.check(user_id, batch)
         w = Withdrawal(user_id, self._e.next_seq(), erase=True)
         self._e.keys.erasing(batch, user_id, w.before_seq)
+        saved = ""
         if not self._e.members.is_left(user_id):
             left = self._e.members.leave(batch, user_id, self._event_ns()).left_at_ns
             assert left is not None  # a leave has its time
             self._last_event_ns = left
+            saved = "the user is Left, as the erase was read"
         left_at = self._e.members.status(user_id).left_at_ns
 
         def join(batch: Batch) -> None:
@@ -106,7 +108,7 @@ class Changes:
             # the user's id and how much went: none of their data
             batch.changes.append(Change(feed.ERASE, at, user_id, left_at, w))
 
-        self._e.past.ask(w, join, conn, msgid, Outcome(w))
+        self._e.past.ask(w, join, conn, msgid, Outcome(w), saved)
 
     def _event_ns(self) -> int:
         """Now, for a history event: later than every event before, so that a user's
