@@ -10,6 +10,7 @@ from typing import Any
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
 from tidal.server.core.replies import Later, Replier
+from tidal.server.errors import RequestError
 
 log = logging.getLogger("tidal.engine")
 
@@ -55,6 +56,8 @@ def answer(conn: Replier, msgid: int | None, work: Callable[[], Any]) -> None:
     error (-32603), never the writer's or the reader's: they go on for everyone else."""
     try:
         result = work()
+    except RequestError as exc:  # a refusal known only once the batch committed
+        conn.reply_error(msgid, exc.code, str(exc))
     except Exception:
         log.exception("internal error while answering msgid %s", msgid)
         conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in this reply")

@@ -47,6 +47,19 @@ RESUME_RETRY: Final = 1.0
 SURVEY_GROUP: Final = 100
 
 
+class Refusal(Later):
+    """Error 2, sent once the batch it waits on has committed."""
+
+    __slots__ = ("message",)
+    is_read = False
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def answer(self) -> None:
+        raise Unavailable(self.message)
+
+
 @dataclass(slots=True, eq=False)
 class Asked:
     """A withdrawal read, not yet in a batch: what it adds to the batch it joins, and the
@@ -243,12 +256,7 @@ class Past:
                     if a in self._asked:
                         self._asked.remove(a)
                         self._unerasing(a.w)
-                        unsaved = (
-                            f"{a.saved}; the rest of this request was not saved: ask again"
-                            if a.saved
-                            else "nothing of this request was saved"
-                        )
-                        self._refuse(a, f"storage unavailable: {exc}; {unsaved}")
+                        self._refuse_unsurveyed(a, exc)
                 continue
             for a, found in zip(group, surveys, strict=True):
                 if a not in self._asked:
@@ -269,6 +277,24 @@ class Past:
                 self._committer.ack(a.conn, a.msgid, a.reply)
                 for request in a.deferred:
                     request()
+
+    def _refuse_unsurveyed(self, a: Asked, exc: Exception) -> None:
+        """The user's rows could not be read. What the request wrote as it was read (a
+        leave) is in the batch it was read in: the refusal says it is saved only once that
+        batch has committed, and goes out with it (refused with it, if it is)."""
+        if not a.saved:
+            self._refuse(a, f"storage unavailable: {exc}; nothing of this request was saved")
+            return
+        message = (
+            f"storage unavailable: {exc}; {a.saved}; the rest of this request was not"
+            " saved: ask again"
+        )
+        c = self._committer
+        if a.asked_in is c.open or a.asked_in is c.inflight:
+            a.asked_in.replies.append((a.conn, a.msgid, Refusal(message)))
+            c.wake()
+        else:  # committed already
+            self._refuse(a, message)
 
     def _unerasing(self, w: Withdrawal) -> None:
         """An erase refused after its batch took it in: its keys count again, down to
