@@ -22,7 +22,7 @@ from tidal.server.storage.sqlbulk import (
     Try,
 )
 
-from .session import LOST, STATEMENT_TIMEOUT, numbered, try_rows, unnest
+from .session import STATEMENT_TIMEOUT, numbered, try_rows, unnest
 
 T = TypeVar("T")
 
@@ -81,8 +81,13 @@ async def commit(conn: asyncpg.Connection) -> str | None:
     conn.add_log_listener(listen)
     try:
         await asyncio.shield(conn.execute("COMMIT"))
-    except LOST as exc:
-        if not conn.is_closed():
+    except Exception as exc:
+        # the server's error on a live session is its answer: no commit. A session that
+        # ended meanwhile, however asyncpg says it (OSError, a FATAL from a database
+        # stopped -m immediate, or "connection was closed in the middle of operation", an
+        # InterfaceError), may have committed first: settled by the batch id
+        gone = isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError)
+        if not (gone or conn.is_closed()):
             raise
         if not unreplicated:  # else: committed locally, the WARNING said, then cut off
             raise CommitLost(str(exc)) from exc
