@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint pytest tools bench crash failover clean
+.PHONY: run test lint pytest tools bench crash failover history clean
 
 # tidal is installed into .venv, not linked to the sources (pip install -e): setup.py
 # compiles the hot modules with mypyc where a C compiler is found (pure Python where not),
@@ -70,6 +70,12 @@ lint: $(STAMP)
 # The long kill -9 run: 200 cycles instead of the 20 that `make test` runs.
 crash: $(STAMP)
 	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s --timeout 1800
+
+# The fault-history checker run long: 200 faults per backend instead of 25, PostgreSQL
+# restarted under load among them (tests/history/, docs/RELIABILITY.md).
+history: $(STAMP) tools
+	TIDAL_HISTORY_FAULTS=$(or $(FAULTS),200) TIDAL_HISTORY_NEMESIS=kill9,term,pause,pg_restart \
+	  $(BIN)/python -m pytest tests/test_history.py -s
 
 # The long failover run: 10 faults in a row, each test, instead of 1.
 failover: $(STAMP) tools

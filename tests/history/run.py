@@ -1,0 +1,93 @@
+"""One run: load, a fault, recovery, then the checker over the whole history so far; again.
+
+A failure prints the seed that replays the run's choices (``TIDAL_HISTORY_SEED``), the
+fault it followed, and the operations around the first anomaly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+from tidal.client import Client
+from tidal.testing.postgres import Cluster
+
+from ..conftest import Database
+from .checker import Checker
+from .nemesis import Target
+from .record import History
+from .workload import Load
+
+
+@dataclass
+class Summary:
+    seed: int
+    operations: int
+    acknowledged: int
+    unknown: int
+    faults: int
+    checks: int
+    anomalies: int
+    seconds: float
+
+    def __str__(self) -> str:
+        return (
+            f"history seed {self.seed}: {self.operations} operations ({self.acknowledged}"
+            f" acknowledged, {self.unknown} of unknown outcome), {self.faults} faults,"
+            f" {self.checks} checks, {self.anomalies} anomalies, {self.seconds:.0f} s"
+        )
+
+
+class Anomalies(AssertionError):
+    pass
+
+
+def kinds(anomalies: list[tuple[float, str]], most: int = 8) -> list[str]:
+    """One anomaly of each kind (its first words, less numbers), at most ``most``."""
+    seen: dict[str, str] = {}
+    for _, text in anomalies:
+        words = " ".join(w for w in text.split()[:6] if not w[0].isdigit())
+        seen.setdefault(words, text.split("\n")[0][:300])
+    return list(seen.values())[:most]
+
+
+async def run(database: Database, seed: int, faults: int, nemesis: list[str], *extra: str,
+              pg: Cluster | None = None, standby: bool = False) -> Summary:  # fmt: skip
+    rng = random.Random(seed)
+    history = History(seed)
+    target = Target(database, history, *extra, pg=pg, standby=standby)
+    began = time.monotonic()
+    load = Load(history, rng, target.port, target.up)
+    checks = 0
+    try:
+        await target.start()
+        for n in range(faults):
+            load.start()
+            await load.until(rng.randrange(50, 600))
+            fault = rng.choice(target.faults(nemesis))
+            await fault(rng)
+            await load.until(rng.randrange(0, 100))
+            await load.stop()
+            async with await Client.connect("127.0.0.1", target.port(), timeout=60) as c:
+                anomalies = await Checker(history, database, c).run()
+            checks += 1
+            if anomalies:
+                at, first = min(anomalies, key=lambda a: a[0] or float("inf"))
+                story = history.around(at) if at else "(no single operation)"
+                raise Anomalies(
+                    f"history seed {seed} (TIDAL_HISTORY_SEED={seed} replays it), after fault"
+                    f" {n + 1} ({fault.__name__}): {len(anomalies)} anomalies; the first:\n"
+                    f"  {first}\n"
+                    + "\n".join(f"  {text}" for text in kinds(anomalies))
+                    + f"\naround it:\n  {story}"
+                )
+    finally:
+        await load.stop()
+        await target.close()
+    ops = history.ops
+    return Summary(
+        seed, len(ops), sum(op.outcome == "ok" for op in ops),
+        sum(op.outcome == "unknown" for op in ops), len(history.faults), checks, 0,
+        time.monotonic() - began,
+    )  # fmt: skip

@@ -1,0 +1,205 @@
+"""Random operations over a small key space, from many pipelining connections, recorded.
+
+Users include 0 and the u64 edges; a keyed signal's whole content follows from its key,
+so a resend (on purpose: keys are drawn from a small pool) is the same signal, and the
+checker can hold the server to "counted once". Cohorts are defined and dropped midway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidal.client import CallTimeout, Client, ConnectionLost, ServerError
+
+from .record import History, Op
+
+USERS = [*range(1, 14), 0, 2**63, 2**64 - 1]
+ENTITIES = [f"p{i}" for i in range(6)]
+KINDS = ["v", "l"]
+COMMUNITIES = ["a", "b", "c"]
+COHORTS: dict[str, dict[str, Any]] = {
+    "de": {"country": "DE"},
+    "all": {},
+    "fr": {"country": "FR"},
+    "gold": {"tier": ["gold", "pro"], "country": "DE"},
+}
+MIN_NS, HOUR_NS, DAY_NS = 60 * 10**9, 3600 * 10**9, 86400 * 10**9
+#: event ages, none near a window's edge (1h, 24h, 7d, 30d) for runs shorter than 20 minutes
+AGES = [None, None, None, 0, 30 * MIN_NS, 3 * HOUR_NS, 2 * DAY_NS, 10 * DAY_NS, 40 * DAY_NS]
+KEYS = 300  # a small pool: keys are reused on purpose
+CALL_TIMEOUT = 60.0
+
+
+class Signals:
+    """Signals as sent on the wire; keyed ones are a function of their key."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.t0 = time.time_ns()
+
+    def content(self, rng: random.Random, key: str | None) -> list[Any]:
+        communities = rng.sample(COMMUNITIES, rng.randrange(3))
+        attrs = {"country": rng.choice(["DE", "FR"]), "tier": rng.choice(["gold", "free"])}
+        context: dict[str, Any] = {"communities": communities, "attrs": attrs}
+        if (age := rng.choice(AGES)) is not None:
+            context["at_ns"] = self.t0 - age
+        if key is not None:
+            context["id"] = key
+        weight = rng.randrange(1, 4)
+        return [rng.choice(USERS), rng.choice(ENTITIES), rng.choice(KINDS), weight, context]
+
+    def one(self) -> list[Any]:
+        if self.rng.random() < 0.3:
+            key = f"k{self.rng.randrange(KEYS)}"
+            return self.content(random.Random(zlib.crc32(key.encode())), key)
+        return self.content(self.rng, None)
+
+
+def request(rng: random.Random, signals: Signals) -> tuple[str, list[Any], int | None]:
+    """One random operation: method, params, and the user it is about."""
+    roll = rng.random()
+    user = rng.choice(USERS)
+    if roll < 0.55:
+        item = signals.one()
+        return "signal", item, item[0]
+    if roll < 0.72:
+        items: dict[Any, list[Any]] = {}
+        for _ in range(rng.randrange(1, 7)):
+            item = signals.one()
+            items.setdefault(item[4].get("id") or len(items), item)  # a key once per batch
+        ack = rng.choice(["full", "compact"])
+        return "signal_batch", [list(items.values()), {"ack": ack}], None
+    if roll < 0.78:
+        return "purge", [user], user
+    if roll < 0.82:
+        return "erase", [user], user
+    if roll < 0.87:
+        return "leave", [user, {"purge": True}], user
+    if roll < 0.91:
+        return "leave", [user], user
+    if roll < 0.97:
+        return "rejoin", [user], user
+    name = rng.choice(list(COHORTS))
+    if roll < 0.985:
+        return "define_cohort", [name, COHORTS[name]], None
+    return "drop_cohort", [name], None
+
+
+class Connection:
+    """One client connection shared by a few pipelining tasks; reconnects once the
+    server is back (``up``), never retrying a call itself: each call is recorded once."""
+
+    def __init__(self, index: int, port: Callable[[], int], up: asyncio.Event) -> None:
+        self.index = index
+        self.port = port
+        self.up = up
+        self.client: Client | None = None
+        self.lock = asyncio.Lock()
+
+    async def get(self) -> Client:
+        async with self.lock:
+            while self.client is None or not self.client.is_connected:
+                if self.client is not None:
+                    await self.client.close()
+                    self.client = None
+                await self.up.wait()
+                with contextlib.suppress(OSError, ConnectionLost, CallTimeout):
+                    self.client = await Client.connect(
+                        "127.0.0.1", self.port(), timeout=CALL_TIMEOUT, reconnect=0
+                    )
+                if self.client is None:
+                    await asyncio.sleep(0.05)  # the server is starting: a pace, not a sync
+            return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
+async def call(history: History, conn: Connection, method: str, params: list[Any],
+               user: int | None) -> Op | None:  # fmt: skip
+    client = await conn.get()
+    op = history.invoke(conn.index, method, params, user)
+    try:
+        reply = await client.call(method, *params)
+    except ServerError as exc:
+        if "whether this request was saved is unknown" in str(exc):
+            history.complete(op, "unknown", f"{exc.code} {exc}")
+            op.bound = time.monotonic()  # whatever it did, it did by now
+        else:
+            history.complete(op, "fail", f"{exc.code} {exc}")
+            op.partial = "the rest of this request was not saved" in str(exc)
+    except (ConnectionLost, CallTimeout, OSError):
+        history.complete(op, "unknown")
+    else:
+        history.complete(op, "ok", reply)
+    return op
+
+
+async def worker(history: History, conn: Connection, rng: random.Random, signals: Signals,
+                 stop: asyncio.Event, done: Callable[[], None]) -> None:  # fmt: skip
+    while not stop.is_set():
+        method, params, user = request(rng, signals)
+        await call(history, conn, method, params, user)
+        done()
+
+
+class Load:
+    """``connections`` connections of ``depth`` pipelining tasks each, until stopped."""
+
+    def __init__(self, history: History, rng: random.Random, port: Callable[[], int],
+                 up: asyncio.Event, connections: int = 8, depth: int = 3) -> None:  # fmt: skip
+        self.history, self.rng, self.up = history, rng, up
+        self.conns = [Connection(i, port, up) for i in range(connections)]
+        self.depth = depth
+        self.signals = Signals(rng)
+        self.completed = 0
+        self._target = 0
+        self._reached = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _done(self) -> None:
+        self.completed += 1
+        if self.completed >= self._target:
+            self._reached.set()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._tasks = [
+            asyncio.create_task(
+                worker(
+                    self.history,
+                    conn,
+                    random.Random(self.rng.random()),
+                    self.signals,
+                    self._stop,
+                    self._done,
+                )
+            )
+            for conn in self.conns
+            for _ in range(self.depth if conn.index % 2 else 16)  # some pipeline deep
+        ]
+
+    async def until(self, more: int, timeout: float = 120) -> None:
+        """Returns once ``more`` further operations have completed (a state, not a time)."""
+        self._target = self.completed + more
+        self._reached.clear()
+        if self.completed < self._target:
+            await asyncio.wait_for(self._reached.wait(), timeout)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        for conn in self.conns:
+            await conn.close()
+            conn.client = None
+
+
+Step = Callable[[], Awaitable[None]]
