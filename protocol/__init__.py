@@ -14,10 +14,12 @@ from .messages import (
     Request,
     Response,
 )
+from .methods import METHODS
 
 __all__ = [
     "DECODING",
     "DEFAULT_MAX_MESSAGE_SIZE",
+    "METHODS",
     "MSGID_MAX",
     "MSGID_MIN",
     "NEED_DATA",

@@ -20,6 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from tidal.protocol import METHODS
+
 
 class Backend(Protocol):
     @property
@@ -99,13 +101,13 @@ class Metrics:
         self.engine, self.connections = engine, connections
 
     def observe_latency(self, method: str, seconds: float) -> None:
+        """Labelled by method for tidal's methods only: any other name a client sends is
+        ``other``, so that no stranger adds series to every scrape."""
+        if method not in METHODS:
+            method = "other"
         histogram = self.latency.get(method)
         if histogram is None:
-            if len(self.latency) >= 64:  # method names come from clients: bound the labels
-                method = "other"
-                histogram = self.latency.get(method)
-            if histogram is None:
-                histogram = self.latency[method] = Histogram(LATENCY_BUCKETS)
+            histogram = self.latency[method] = Histogram(LATENCY_BUCKETS)
         histogram.observe(seconds)
 
     def error(self, code: int) -> None:

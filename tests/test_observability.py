@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tidal.client import Client, InvalidParams, Signal
+from tidal.client import Client, InvalidParams, MethodNotFound, Signal
+from tidal.protocol import METHODS
 from tidal.server import Config, Server
 
 from .conftest import ServerProcess
@@ -44,6 +45,9 @@ async def test_metrics_count_what_happened(db_path: Path) -> None:
             await c.rejoin(4)
             with pytest.raises(InvalidParams):
                 await c.call("signal", -1, "e", "view")
+            for name in ("junkA", "junkB", "junkC"):  # made-up methods add no series
+                with pytest.raises(MethodNotFound):
+                    await c.call(name)
             text = await asyncio.to_thread(scrape, server.metrics_port)
         peer.close()
     finally:
@@ -61,6 +65,10 @@ async def test_metrics_count_what_happened(db_path: Path) -> None:
     assert value(text, "tidal_connections") == 2  # the client, the subscriber
     assert value(text, 'tidal_request_seconds_count{method="signal"}') == 3
     assert value(text, 'tidal_request_seconds_count{method="signal_batch"}') == 1
+    assert value(text, 'tidal_request_seconds_count{method="other"}') == 3
+    assert "junk" not in text
+    # the one list of names metrics label by is the server's own table, and auth
+    assert set(server.engine._methods) | {"auth"} == METHODS
     assert value(text, "tidal_commit_batch_size_count") >= 1
     assert value(text, "tidal_commit_batch_size_sum") == 8  # 5 signals, 2 leaves, 1 rejoin
     assert value(text, 'tidal_commit_seconds_bucket{le="+Inf"}') >= 1

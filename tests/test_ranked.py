@@ -268,6 +268,10 @@ async def test_retention_keeps_deleted_rows_counting_in_windows(database: Databa
 
 BAD_TOP = [
     (["galaxy", "x", "view"], "layer: must be 'ledger', 'cohort' or 'community'"),
+    ([["ledger"], None, "view", {}], "layer: must be 'ledger', 'cohort' or 'community'"),
+    ([{"ledger": 1}, None, "view"], "layer: must be 'ledger', 'cohort' or 'community'"),
+    (["community", "x", "view", {"by": ["count"]}], "options.by: must be"),
+    (["community", "x", "view", {"window": ["1h"]}], "options.window: must be one of"),
     (["ledger", "x", "view"], "name: must be nil for the ledger layer"),
     (["cohort", "nope", "view"], "name: no cohort named 'nope'"),
     (["community", "x", ""], "kind"),

@@ -170,7 +170,7 @@ def top_request(
     layer_name, name, kind_value = args[0], args[1], args[2]
     if type(layer_name) is bytes:
         layer_name = layer_name.decode("utf-8", "replace")
-    if layer_name not in LAYERS:
+    if type(layer_name) is not str or layer_name not in LAYERS:  # a list is no dict key
         raise InvalidParams(
             f"layer: must be 'ledger', 'cohort' or 'community', got {_shown(layer_name)}"
         )

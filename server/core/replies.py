@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from tidal.server.errors import Unavailable
+
 
 class Undo(Protocol):
     """How to put back one change to memory that a batch carried, should its commit fail.
@@ -26,6 +28,19 @@ class Later:
 
     def answer(self) -> Any:
         raise NotImplementedError
+
+
+class Refusal(Later):
+    """Error 2, sent once the batch it waits on has committed: a refusal that says what of
+    the request that batch saved (refused with the batch, if it is)."""
+
+    is_read = False
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def answer(self) -> Any:
+        raise Unavailable(self.message)
 
 
 class Replier(Protocol):

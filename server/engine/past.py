@@ -29,7 +29,7 @@ from tidal.server.core.batch import Batch
 from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
 from tidal.server.core.past import Withdrawal
-from tidal.server.core.replies import Later, Replier
+from tidal.server.core.replies import Later, Refusal, Replier
 from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
 from tidal.server.core.userrows import UserRows
 from tidal.server.errors import RequestError, StorageFailure, Unavailable
@@ -45,19 +45,6 @@ log = logging.getLogger("tidal.engine")
 RESUME_RETRY: Final = 1.0
 #: withdrawals one survey reads together: the blocks of ``ledger_users`` are read once
 SURVEY_GROUP: Final = 100
-
-
-class Refusal(Later):
-    """Error 2, sent once the batch it waits on has committed."""
-
-    __slots__ = ("message",)
-    is_read = False
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-    def answer(self) -> None:
-        raise Unavailable(self.message)
 
 
 @dataclass(slots=True, eq=False)
