@@ -30,8 +30,9 @@ def seed() -> int:
     return int(os.environ.get("TIDAL_HISTORY_SEED") or random.SystemRandom().randrange(2**32))
 
 
-#: Issue 39's first item, found by this checker and not fixed yet: about one run in 14 on
-#: SQLite (and after PostgreSQL restarts), a kill -9 leaves memory off the ledger: counts
+#: Issue 39's first item, found by this checker and not fixed yet: in 1 of 14 runs here and
+#: 2 of 3 in fresh clones, on SQLite (and after PostgreSQL restarts), a kill -9 leaves
+#: memory off the ledger: counts
 #: below a recompute, stats.ledger_rows 502 against 650 rows, purges not applied. Until it
 #: is fixed, ``make test`` reports such a run as xfailed (with its anomalies) rather than
 #: failing; ``make history`` (TIDAL_HISTORY_STRICT=1) fails on any anomaly.
