@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from tidal.client import Client, Signal, Tally
+from tidal.server.core import userrows
 from tidal.server.core.rewrites import CHUNK, NO_RULE, Rewrites, Rule, reach
 
 from .conftest import Database, ServerProcess
@@ -178,6 +179,47 @@ async def test_a_second_erase_that_finds_nothing_keeps_the_first_one_s_keys_forg
     assert await process.stop() == 0
     seqs = [seq for (seq,) in await database.rows("SELECT seq FROM ledger WHERE user_id = 7")]
     assert seqs == [resend.seq]
+
+
+async def test_an_erase_s_rows_written_into_a_block_midway_are_still_found_after_kill_9(
+    database: Database,
+) -> None:
+    """The erased user's rows were listed in memory (past the last block) when the erase
+    took effect; more signals then fill the block, written while the rows are still being
+    deleted. A kill -9 and a boot find them through that block and delete them all
+    (issue 39, item 1: the block was written with them blanked already, so the boot found
+    none, dropped the rule, and the erased rows counted again)."""
+    rows = ROWS * 10
+    process = ServerProcess(database.target, "--rewrite-chunk", "1")
+    await process.start()
+    async with await process.connect() as c:
+        await seed(c, rows)
+        filler = [Signal(9, "clip", "view") for _ in range(userrows.BLOCK)]
+        erased, *_ = await asyncio.gather(c.erase(7), c.signal_batch(filler))
+        assert erased.signals == rows
+        # its batch was prepared after the filler committed: it writes the first block
+        await c.signal(9, "clip", "view")
+        async with writes_held(database):
+            blocks = await database.rows("SELECT first_seq FROM ledger_users")
+            assert (1,) in blocks, "the first block was not written: nothing tested"
+            assert await rule_of(database, 7), "every row was deleted before the kill"
+            await process.kill9()
+
+    process = ServerProcess(database.target, "--rewrite-chunk", "100")
+    await process.start()
+    async with await process.connect() as c:
+        only_user_8(as_dict(await c.counts("song")), Tally(5, 10.0))
+        # issue 39, item 13: rows counted as the file holds them, erased ones not
+        assert (await c.stats())["ledger_rows"] == 5 + userrows.BLOCK + 1
+    assert await process.stop() == 0  # a graceful stop rewrites what is left
+    assert await rule_of(database, 7) == []
+    assert await database.rows("SELECT COUNT(*) FROM ledger_counted") == [(5 + userrows.BLOCK + 1,)]
+    assert await database.rows("SELECT COUNT(*) FROM ledger WHERE user_id = 7") == [(0,)]
+    assert await recompute(database, "song") == {
+        "ledger": {"view": Tally(5, 10.0)},
+        "cohorts": {"gold": {"view": Tally(5, 10.0)}},
+        "communities": {"x": {"view": Tally(5, 10.0)}},
+    }
 
 
 def test_a_rule_goes_with_the_last_chunk_of_its_user_and_not_before() -> None:

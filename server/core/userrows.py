@@ -11,9 +11,10 @@ the rows since the last block are listed in memory. Finding a user's rows reads
 the blocks and searches them for the user's 8 bytes (``bytes.find``, in C):
 about 8 MB and a few milliseconds per million rows, whatever the user.
 
-An erased user's entries are overwritten with 0 (a lookup of user 0 then finds
-seqs whose rows are gone, which it skips, as it skips every seq no longer in
-the ledger).
+An erased row's entry is overwritten with 0 as the row is deleted, not before:
+a boot finds the rows an erase still has to delete through the blocks (a lookup of
+user 0 then finds seqs whose rows are gone, which it skips, as it skips every seq no
+longer in the ledger).
 """
 
 from __future__ import annotations
@@ -105,9 +106,12 @@ class UserRows:
         first = self.next_block
         return [first + i for i, u in enumerate(self.tail) if u == user and first + i < before_seq]
 
-    def erased(self, user: int, before_seq: int) -> None:
+    def deleted(self, seqs: Iterable[int]) -> None:
+        """An erase's rows, deleted in a commit: their entries in the tail go too, so that
+        the blocks written from it leave no trace. Not before: until its rows are deleted,
+        a boot after a kill -9 finds them through the blocks to delete (``Past._resume``)."""
         first = self.next_block
         tail = self.tail
-        for i in range(min(len(tail), before_seq - first)):
-            if tail[i] == user:
-                tail[i] = 0
+        for seq in seqs:
+            if 0 <= seq - first < len(tail):
+                tail[seq - first] = 0

@@ -160,16 +160,16 @@ class Past:
             user = to_db(w.user_id)
             if w.seqs:
                 self.rewrites.took_effect(user, w.erase, w.before_seq, w.seqs)
-            if w.erase:
-                self._user_rows.erased(user, w.before_seq)  # no trace in the next blocks
-                if not self.rewrites.rule(user).erase_before:
-                    # nothing of the user's is left to delete: their keys went with their
-                    # rows. While an earlier erase's rows are still being deleted, their
-                    # keys stay forgotten until its last chunk (``rewrite.last``)
-                    self._keys.erased(w.user_id, w.before_seq)
+            if w.erase and not self.rewrites.rule(user).erase_before:
+                # nothing of the user's is left to delete: their keys went with their rows.
+                # While an earlier erase's rows are still being deleted, their keys stay
+                # forgotten until its last chunk (``rewrite.last``)
+                self._keys.erased(w.user_id, w.before_seq)
         rewrite = batch.rewrite
         if rewrite is not None:
             self._keys.forget(rewrite.keys)
+            if rewrite.erase:
+                self._user_rows.deleted(rewrite.seqs)  # the blocks blanked in its commit
             if rewrite.last:
                 erased = self.rewrites.rule(rewrite.user).erase_before
                 self._keys.erased(from_db(rewrite.user), erased)
