@@ -22,6 +22,7 @@ from tidal.testing.postgres import Cluster
 from .conftest import Database, ServerProcess, tmpfs
 from .rawrpc import RawPeer
 from .test_disk_full import fill
+from .test_feed import _load
 
 
 def free_port() -> int:
@@ -189,6 +190,56 @@ async def test_retention_and_a_from_too_old(database: Database) -> None:
             assert (await c.stats())["last_event_id"] == 8
             await c.leave(9)
         assert [e["id"] for e in await replay(server.address[1], 8)] == [9]
+    finally:
+        await server.shutdown()
+
+
+@pytest.mark.both_backends
+async def test_a_replay_whose_reader_stops_is_closed_and_retention_goes_on(
+    database: Database,
+) -> None:
+    """A replay from 0 whose reader takes nothing is told ``lagging`` and closed, as a live
+    subscriber is, and retention then deletes what it held back (issue 39, item 9: it was
+    never closed, and every event since its position was kept for ever)."""
+    clock = Clock()
+    config = Config(port=0, db=database.target, event_retention=10.0, feed_heartbeat=0.05)
+    server = Server(config, clock=clock)
+    await server.start()
+    try:
+        # 60,000 leaves: a replay from 0 fills this machine's socket buffers at about 39,000
+        await _load(server.address, 1, 300)
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # reads nothing
+        stuck.connect(server.address)
+        stuck.sendall(msgpack.packb([0, 1, "subscribe", [{"from": 0}]]))
+        feed = server.engine.feed
+        async with await Client.connect(*server.address) as c:
+            for _ in range(600):  # the state, polled: what the server has closed
+                if not (await c.stats())["subscribers"] and feed.lagged:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the stalled replay was never closed in 30 s")
+            feed.caught_up.clear()
+            clock.offset += 20 * 10**9  # every event is old now
+            await c.leave(60_001)
+            await asyncio.wait_for(feed.caught_up.wait(), 10)
+            assert feed.retired == 60_000, "retention still held back at the replay's position"
+
+        def read_all() -> list[Any]:
+            stuck.settimeout(10)
+            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+            while data := stuck.recv(1 << 20):
+                unpacker.feed(data)
+            return list(unpacker)
+
+        got = await asyncio.to_thread(read_all)
+        stuck.close()
+        assert got[0] == [1, 1, None, {"last_id": 60_000}]
+        events = [m[2][0]["id"] for m in got[1:-1] if m[:2] == [2, "event"]]
+        assert all(m[:2] in ([2, "event"], [2, "heartbeat"]) for m in got[1:-1])
+        assert 0 < len(events) < 60_000 and events == list(range(1, len(events) + 1))
+        assert got[-1] == [2, "lagging", [{"last_sent": events[-1]}]]
     finally:
         await server.shutdown()
 

@@ -11,7 +11,8 @@ nothing between replay and live is missed or sent twice.
 
 A subscriber that does not keep up is told ``lagging`` and closed: writers never wait
 for it, and what is queued for it stays bounded. Retention never deletes an event a
-replay still has to read.
+replay still has to read, and a replay whose reader stops reading is closed so too
+(``Subscription.stalled``): it holds retention back for seconds, not for ever.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ class Feed:
         for sub in list(self._subs.values()):
             if sub.msgid is not None:
                 continue
-            if sub.behind():
+            if sub.behind() or sub.stalled():
                 self.lagging(sub)
                 continue
             sub.conn.push(beat)
