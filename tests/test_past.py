@@ -13,7 +13,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from tidal.client import Client, Counts, Event, Signal, Tally, Unavailable
+from tidal.client import Client, Counts, Event, Signal, SignalAck, Tally, Unavailable
 from tidal.server import Config, Server
 from tidal.server.core import userrows
 from tidal.server.core.ledger import COMMUNITY
@@ -219,6 +219,49 @@ async def test_a_withdrawal_whose_rows_cannot_be_read_says_what_was_saved(
                 if event.event == "purge":
                     break
     assert events == [("define_cohort", None, None), ("leave", 1, None), ("purge", 1, 3)]
+
+
+async def test_a_leave_with_purge_whose_purge_s_commit_fails_says_the_leave_is_saved(
+    server: Server,
+) -> None:
+    """The leave is committed; the purge joins a later batch, which the database refuses:
+    the error says the user is Left and the rest is to ask again, not that nothing was
+    saved (the fault-history checker found a leave in the database whose request was
+    answered so, after PostgreSQL was restarted)."""
+    storage = server._storage
+    assert storage is not None
+    real_read, real_commit = storage.read, storage.commit
+    leave_committed = asyncio.Event()
+
+    async def commit(batch: Any) -> None:
+        if batch.past:
+            raise StorageFailure("commit failed: injected", transient=True)
+        await real_commit(batch)
+        if batch.memberships:
+            leave_committed.set()
+
+    async def read(plan: Any) -> Any:
+        await leave_committed.wait()  # the survey: the purge joins a batch after the leave's
+        return await real_read(plan)
+
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+        storage.commit = commit  # type: ignore[method-assign]
+        storage.read = read  # type: ignore[method-assign]
+        # the signal, read after the leave, wakes the writer: the leave's batch commits
+        # (alone, the leave would wait for its purge to join the same batch)
+        refused, woke = await asyncio.gather(
+            c.leave(1, purge=True), c.signal(9, "other", "view"), return_exceptions=True
+        )
+        storage.commit, storage.read = real_commit, real_read  # type: ignore[method-assign]
+        assert isinstance(woke, SignalAck) and isinstance(refused, Unavailable), (woke, refused)
+        message = refused.message
+        assert "commit failed: injected; the leave is saved (the user is Left)" in message
+        assert "the rest of this request was not saved: ask again" in message
+        assert (await c.status(1)).left
+        assert [e.event for e in await c.history(1)] == ["leave"]
+        assert (await c.counts("song")).communities["x"] == {"view": Tally(6, 9.0)}
+        assert (await c.purge(1)).signals == 3  # asked again: it happens now
 
 
 async def test_the_past_survives_kill_9(process: ServerProcess) -> None:

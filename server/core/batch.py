@@ -88,6 +88,7 @@ class Batch:
     #: version its signals were matched against if another node changed cohorts since
     log: Entry | None = None
     cohorts_at: int = -1
+    committed: bool = False  # set as the writer hands it over, durable
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to

@@ -6,9 +6,12 @@ what a connection tells its subscription (``Listener``).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from tidal.server.errors import Unavailable
+
+#: how a refusal of a write ends when its batch was refused: the client may send it again
+NOTHING_SAVED: Final = "nothing of this request was saved"
 
 
 class Undo(Protocol):
@@ -28,6 +31,11 @@ class Later:
 
     def answer(self) -> Any:
         raise NotImplementedError
+
+    def refused(self, message: str, batches: tuple[Any, ...]) -> str:
+        """The error it gets when ``batches`` (its own among them) are refused: ``message``,
+        unless part of the request was written in an earlier batch (``changes.Outcome``)."""
+        return message
 
 
 class Refusal(Later):

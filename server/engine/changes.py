@@ -18,7 +18,7 @@ from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change
 from tidal.server.core.members import Membership
 from tidal.server.core.past import ERASE, LEAVE, PURGE, REJOIN, Event, Withdrawal
-from tidal.server.core.replies import Later, Replier
+from tidal.server.core.replies import NOTHING_SAVED, Later, Replier
 
 from .state import EngineState
 
@@ -54,7 +54,7 @@ class Changes:
             batch.changes.append(Change(feed.PURGE, at, user_id, withdrawal=w))
 
         saved = "the leave is saved (the user is Left)"
-        self._e.past.ask(w, join, conn, msgid, Outcome(w, membership), saved)
+        self._e.past.ask(w, join, conn, msgid, Outcome(w, membership, saved, batch), saved)
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "rejoin", "user_id", 1, 1)
@@ -108,7 +108,7 @@ class Changes:
             # the user's id and how much went: none of their data
             batch.changes.append(Change(feed.ERASE, at, user_id, left_at, w))
 
-        self._e.past.ask(w, join, conn, msgid, Outcome(w), saved)
+        self._e.past.ask(w, join, conn, msgid, Outcome(w, None, saved, batch), saved)
 
     def _event_ns(self) -> int:
         """Now, for a history event: later than every event before, so that a user's
@@ -160,12 +160,31 @@ class Changes:
 class Outcome(Later):
     """The reply to a purge, an erase or a leave with purge: known once committed."""
 
-    __slots__ = ("membership", "withdrawal")
+    __slots__ = ("asked_in", "membership", "saved", "withdrawal")
     is_read = False
 
-    def __init__(self, withdrawal: Withdrawal, membership: Membership | None = None) -> None:
+    def __init__(self, withdrawal: Withdrawal, membership: Membership | None = None,
+                 saved: str = "", asked_in: Batch | None = None) -> None:  # fmt: skip
         self.withdrawal = withdrawal
         self.membership = membership
+        self.saved = saved  # what the request wrote as it was read: a leave
+        self.asked_in = asked_in  # ... in this batch
+
+    def refused(self, message: str, batches: tuple[Any, ...]) -> str:
+        """The batch it joined is refused, after the one its leave is in was taken: the
+        leave stays (or may: that one's outcome is unknown) and the refusal says so."""
+        asked_in = self.asked_in
+        if not self.saved or asked_in is None or any(b is asked_in for b in batches):
+            return message
+        head = message.removesuffix(NOTHING_SAVED)
+        if asked_in.committed:
+            tail = f"{self.saved}; the rest of this request was not saved: ask again"
+        else:  # that batch's COMMIT was cut off, its outcome still to settle
+            tail = (
+                f"whether this request was saved is unknown ({self.saved} if the commit"
+                " before holds; the rest was not saved)"
+            )
+        return head + tail if head != message else f"{message} ({tail})"
 
     def answer(self) -> dict[str, Any]:
         w = self.withdrawal

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
-from tidal.server.core.replies import Later, Replier
+from tidal.server.core.replies import NOTHING_SAVED, Later, Replier
 from tidal.server.errors import CommitUnknown, StorageFailure, Unavailable
 from tidal.server.logs import Throttle
 from tidal.server.metrics import Metrics
@@ -234,7 +234,7 @@ class Committer:
             self.open = Batch(later.first_seq)
             self._steps.failed(later, self.open)
             self._hold(False)
-            refuse((later,), f"storage unavailable: {unknown}; nothing of this request was saved")
+            refuse((later,), f"storage unavailable: {unknown}; {NOTHING_SAVED}")
             try:
                 await unknown.settle()
             finally:
@@ -276,6 +276,7 @@ class Committer:
             idle.set_result(None)
 
     def _deliver(self, batch: Batch) -> None:
+        batch.committed = True
         if batch.writes or batch.board_changed is not None:  # storage took a write
             self.full = None
         try:
@@ -327,10 +328,10 @@ class Committer:
         if exc.data:
             message = (
                 f"storage unavailable: the database refused a value in this request's group"
-                f" commit ({exc}); nothing of this request was saved"
+                f" commit ({exc}); {NOTHING_SAVED}"
             )
         elif exc.outcome_unknown:
             message = f"storage unavailable: {exc}; whether this request was saved is unknown"
         else:
-            message = f"storage unavailable: {exc}; nothing of this request was saved"
+            message = f"storage unavailable: {exc}; {NOTHING_SAVED}"
         refuse((batch, later), message)

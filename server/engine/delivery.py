@@ -45,7 +45,9 @@ def refuse(
                     answer(conn, msgid, result.answer)
                     touched[conn] = None
                     continue
-            conn.reply_error(msgid, code, message)
+                conn.reply_error(msgid, code, result.refused(message, batches))
+            else:
+                conn.reply_error(msgid, code, message)
             touched[conn] = None
     for conn in touched:
         conn.flush()
