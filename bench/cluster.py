@@ -39,7 +39,8 @@ SHAPE = ("16", "16")  # clients, pipeline
 
 def _bench(node: Child, requests: int, *extra: str) -> subprocess.Popen[str]:
     cmd = [TIDAL, "bench", "--port", str(node.port), "-c", SHAPE[0], "-P", SHAPE[1]]
-    cmd += ["-n", str(requests), "--json", "--server-pid", str(node.proc.pid), *extra]
+    cmd += ["-n", str(requests), "--json", "--server-pid", str(node.proc.pid), "--allow-data"]
+    cmd += ["--keep", *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -106,7 +107,8 @@ def _signals(pg: Cluster, nodes: list[Child], requests: int, *extra: str) -> dic
 def _reads(node: Child, workload: str, requests: int) -> dict[str, Any]:
     run = subprocess.run(
         [TIDAL, "bench", "--port", str(node.port), "-c", "1", "-P", "1", "-n", str(requests),
-         "--workload", workload, "--json", "--server-pid", str(node.proc.pid)],
+         "--workload", workload, "--json", "--server-pid", str(node.proc.pid), "--allow-data",
+         "--keep"],
         capture_output=True, text=True, check=True, timeout=600,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(run.stdout)

@@ -73,7 +73,7 @@ def build(db: Path, rows: int) -> None:
 def load(port: int, requests: int) -> dict[str, Any]:
     done = subprocess.run(
         [TIDAL, "bench", "--port", str(port), "-c", "16", "-P", "16", "-n", str(requests),
-         "--json"],
+         "--json", "--allow-data", "--keep"],
         capture_output=True, text=True, check=True, timeout=900,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(done.stdout)

@@ -167,7 +167,7 @@ def top_under_load(server: Child, signals: int, workload: str) -> dict[str, Any]
     with SyncClient("127.0.0.1", server.port, timeout=60) as client:
         for first in range(0, 100_000, 1000):
             fill = [
-                [i, f"x{i}", "view", 1.0, {"communities": ["c0"]}]
+                [i, f"x{i}", "view", 1.0, {"communities": ["bench:c0"]}]
                 for i in range(first, first + 1000)
             ]
             client.call("signal_batch", fill)
@@ -177,7 +177,8 @@ def top_under_load(server: Child, signals: int, workload: str) -> dict[str, Any]
 def read_under_load(server: Child, signals: int, workload: str, begun: int) -> dict[str, Any]:
     """``workload`` from one client, 1x1, while 16x16 write signals; the load has begun once
     the server has counted ``begun`` signals."""
-    cmd = [TIDAL, "bench", "--port", str(server.port), "-c", "16", "-P", "16"]
+    cmd = [TIDAL, "bench", "--port", str(server.port), "-c", "16", "-P", "16", "--allow-data",
+           "--keep"]  # fmt: skip
     load = subprocess.Popen(
         [*cmd, "-n", str(4 * signals), "--json"], stdout=subprocess.PIPE, text=True
     )

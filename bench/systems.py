@@ -104,6 +104,7 @@ def tidal_bench(
     """``tidal bench`` against ``server``, whose CPU time it reads; ``redis_sha=`` for Redis."""
     cmd = [TIDAL, "bench", "--port", str(server.port), "-c", str(clients), "-P", str(pipeline)]
     cmd += ["-n", str(requests), "--json", "--server-pid", str(server.proc.pid)]
+    cmd += ["--allow-data", "--keep"]  # a throwaway database, filled by the scenarios
     for key, value in extra.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=900)

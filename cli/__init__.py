@@ -96,8 +96,11 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         "bench",
         help="measure throughput and latency against a running server",
         description="Like redis-benchmark: CLIENTS connections each keep PIPELINE requests in"
-        " flight until REQUESTS have been answered. Run it against a fresh database:"
-        " --left-fraction makes users 0..USERS*F leave first.",
+        " flight until REQUESTS have been answered. Its users (ids from 2**48), entities"
+        " (bench:e0 ..), communities (bench:c0 ..) and cohort (bench-de) are its own, and"
+        " it erases and rejoins its users and drops its cohort after the run (--keep: not)."
+        " It refuses a server that holds data, unless --allow-data. --left-fraction makes"
+        " its first USERS*F users leave first.",
     )
     client_options(settings, bench, tls=False)
     bench.add_argument("--clients", "-c", type=int, default=50, help="connections (default 50)")
@@ -111,7 +114,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         default="signal",
         help="mixed: 95%% signal, 4%% status, 1%% leave/rejoin; batch_compact: signal_batch"
         " with the compact ack; top, top_window (24h) and top_trend: the top 10 of"
-        " community c0 (default signal)",
+        " community bench:c0 (default signal)",
     )
     bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
     bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")
@@ -133,6 +136,16 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         "--own-users",
         action="store_true",
         help="cluster mode: only users of the partitions the node serves (no moved answers)",
+    )
+    bench.add_argument(
+        "--allow-data",
+        action="store_true",
+        help="run on a server that holds other data (bench touches only what it makes)",
+    )
+    bench.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave what the run made (a throwaway database): no erase and rejoin after",
     )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     return parser, settings

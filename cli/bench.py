@@ -24,7 +24,7 @@ from typing import Any, cast
 import msgpack
 
 from . import resp as resp_wire
-from .workload import BATCHES, WORKLOADS, BenchConfig, requests
+from .workload import BATCHES, COHORT, USER_BASE, WORKLOADS, BenchConfig, made, requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,31 +131,80 @@ class _Load(asyncio.Protocol):
             self._done()
 
 
-async def _setup(cfg: BenchConfig) -> BenchConfig:
-    """A cohort to match, and the users who have left, before the clock starts.
+async def _setup(cfg: BenchConfig) -> tuple[BenchConfig, bool]:
+    """A cohort to match, and the users who have left, before the clock starts; whether
+    it defined the cohort (its clean-up drops it then, and only then).
 
-    Users 0..users*left_fraction leave; against a fresh database that makes
-    exactly that fraction of the signals gated. With ``own_users``, the partitions the
-    node serves, from its ``partition_map``.
+    Its users USER_BASE + 0..users*left_fraction leave; that makes exactly that fraction
+    of the signals gated. With ``own_users``, the partitions the node serves, from its
+    ``partition_map``. A server that holds data is refused unless ``allow_data``.
     """
     from tidal.client import Client
 
     left = int(cfg.users * cfg.left_fraction)
+    mine = range(USER_BASE, USER_BASE + left)
     if cfg.redis_sha is not None:
         if left:
-            await resp_wire.add_to_set(cfg.host, cfg.port, "left", range(left))
-        return cfg  # signal.lua knows its one cohort
+            await resp_wire.add_to_set(cfg.host, cfg.port, "left", mine)
+        return cfg, False  # signal.lua knows its one cohort
     async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
+        cohorts = await client.cohorts()
+        if not cfg.allow_data:
+            held = _held((await client.stats())["ledger_rows"], await client.left_users(limit=1),
+                         cohorts)  # fmt: skip
+            if held:
+                raise ValueError(
+                    f"the server holds data ({held}): run bench against an empty database, or"
+                    " pass --allow-data (bench then uses users, entities and a cohort of its"
+                    " own, and removes them after)"
+                )
         if cfg.own_users:
             served = await client.call("partition_map")
             parts = {p for p, (node, _) in enumerate(served["owners"]) if node == served["node"]}
             if not parts:
                 raise ValueError("--own-users: the node serves no partition (is it a cluster's?)")
             cfg = dataclasses.replace(cfg, only=(frozenset(parts), served["partitions"]))
-        await client.define_cohort("bench-de", {"country": "DE"})
+        defined = COHORT not in cohorts
+        if defined:
+            await client.define_cohort(COHORT, {"country": "DE"})
         for start in range(0, left, 1000):
-            await asyncio.gather(*(client.leave(u) for u in range(start, min(left, start + 1000))))
-    return cfg
+            await asyncio.gather(*(client.leave(u) for u in mine[start : start + 1000]))
+    return cfg, defined
+
+
+def _held(ledger_rows: int, left: Any, cohorts: dict[str, Any]) -> str:
+    """What data the server holds, in words; "" if none."""
+    held = []
+    if ledger_rows:
+        held.append(f"{ledger_rows:,} ledger rows")
+    if left.users:
+        held.append("Left users")
+    if cohorts:
+        held.append(f"{len(cohorts)} cohorts")
+    return ", ".join(held)
+
+
+async def clean_up(cfg: BenchConfig, users: set[int], cohort: bool) -> str:
+    """Remove what the run made: its users' signals erased (an erase leaves its user Left,
+    so each is then rejoined), and its cohort, if it defined it. What stays is what the
+    server keeps of any erase: each user's history lines, and the change feed's events."""
+    from tidal.client import Client, Moved
+
+    async def one(client: Client, user: int) -> None:
+        try:
+            await client.erase(user)
+            await client.rejoin(user)
+        except Moved:  # cluster mode: another node serves it, and stored nothing of it here
+            pass
+
+    ordered = sorted(users)
+    async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
+        for start in range(0, len(ordered), 1000):
+            await asyncio.gather(*(one(client, u) for u in ordered[start : start + 1000]))
+        if cohort:
+            await client.drop_cohort(COHORT)
+    dropped = f" and dropped cohort {COHORT}" if cohort else ""
+    return f"erased and rejoined its {len(ordered):,} users{dropped}"
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -170,7 +219,8 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
         raise ValueError("clients, pipeline and requests must be at least 1")
     if cfg.workload not in WORKLOADS:
         raise ValueError(f"workload: one of {', '.join(WORKLOADS)}")
-    cfg = await _setup(cfg)
+    cfg, cohort = await _setup(cfg)
+    users = {USER_BASE + u for u in range(int(cfg.users * cfg.left_fraction))}
     rng = random.Random(cfg.seed)
     loop = asyncio.get_running_loop()
     packer = msgpack.Packer(use_bin_type=True)
@@ -194,6 +244,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     for count in per_client:
         queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
         for i, (method, params) in enumerate(requests(cfg, rng, count)):
+            users.update(made(method, params))
             slot = i % cfg.pipeline
             if sha is None:
                 queues[slot].append(packer.pack([0, slot, method, params]))
@@ -226,6 +277,8 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     lost = [c.lost for c in conns if c.lost is not None]
     if lost:
         raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
+    if cfg.redis_sha is None and not cfg.keep:  # after the clock: not measured
+        print(f"tidal bench: {await clean_up(cfg, users, cohort)}", file=sys.stderr)
     latencies.sort()
     signals_per_request = (
         cfg.batch_size

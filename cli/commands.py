@@ -194,6 +194,8 @@ def bench(args: argparse.Namespace) -> int:
         redis_sha=args.redis_sha,
         server_pid=args.server_pid,
         own_users=args.own_users,
+        allow_data=args.allow_data,
+        keep=args.keep,
     )
     progress = load.progress_bar if sys.stderr.isatty() and not args.json else None
     try:

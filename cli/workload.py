@@ -1,5 +1,9 @@
 """What ``tidal bench`` sends: the workloads, drawn from one seeded random stream, so
-that every system raced against another gets the same requests."""
+that every system raced against another gets the same requests.
+
+A benchmark must never change what it did not create: its users are its own (ids from
+``USER_BASE`` up), and so are its entities, communities and cohort (named ``bench...``).
+It leaves and rejoins only its own users."""
 
 from __future__ import annotations
 
@@ -18,7 +22,14 @@ WORKLOADS: Final = (
     "top_window", "top_trend",
 )  # fmt: skip
 BATCHES: Final = ("batch", "batch_compact")  # batch_compact: signal_batch's compact ack
-#: what the top workloads read: community c0 (signals name c{user % 16}), view
+#: bench's users: ``USER_BASE`` + 0 .. users-1, far from the ids a product gives out
+USER_BASE: Final = 1 << 48
+#: its entities are ``bench:e0`` .., its communities ``bench:c0`` .. ``bench:c15``
+NAMES: Final = "bench:"
+COHORT: Final = "bench-de"  # {"country": "DE"}
+#: methods whose users bench made: what its clean-up erases
+MAKES: Final = ("signal", "signal_batch", "leave", "rejoin")
+#: what the top workloads read: community bench:c0 (signals name bench:c{user % 16}), view
 TOP_OPTIONS: Final = {"top": {}, "top_window": {"window": "24h"}, "top_trend": {"by": "trend"}}
 COUNTRIES: Final = ("DE", "FR", "US", "JP")
 
@@ -45,26 +56,31 @@ class BenchConfig:
     own_users: bool = False
     #: ... those partitions, and how many the cluster has (read before the clock starts)
     only: tuple[frozenset[int], int] | None = None
+    #: run beside other data (bench refuses a server that holds any, by default)
+    allow_data: bool = False
+    #: leave what the run made: by default its users' signals are erased, its users
+    #: rejoined, and its cohort dropped if it defined it
+    keep: bool = False
 
 
 def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]]:
     """Method and params of ``count`` requests of the workload, drawn from ``rng``."""
 
     def draw() -> int:
-        user = rng.randrange(cfg.users)
+        user = USER_BASE + rng.randrange(cfg.users)
         if cfg.only is not None:
             parts, partitions = cfg.only
             while partition(user, partitions) not in parts:
-                user = rng.randrange(cfg.users)
+                user = USER_BASE + rng.randrange(cfg.users)
         return user
 
     def signal_params() -> list[Any]:
         user = draw()
         context = {
-            "communities": [f"c{user % 16}"],
+            "communities": [f"{NAMES}c{user % 16}"],
             "attrs": {"country": COUNTRIES[user % len(COUNTRIES)]},
         }
-        return [user, f"e{rng.randrange(cfg.entities)}", "view", 1.0, context]
+        return [user, f"{NAMES}e{rng.randrange(cfg.entities)}", "view", 1.0, context]
 
     out: list[list[Any]] = []
     for _ in range(count):
@@ -78,9 +94,10 @@ def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]
         elif cfg.workload == "status":
             out.append(["status", [draw()]])
         elif cfg.workload == "counts":
-            out.append(["counts", [f"e{rng.randrange(cfg.entities)}"]])
+            out.append(["counts", [f"{NAMES}e{rng.randrange(cfg.entities)}"]])
         elif cfg.workload in TOP_OPTIONS:
-            out.append(["top", ["community", "c0", "view", TOP_OPTIONS[cfg.workload]]])
+            top = ["community", f"{NAMES}c0", "view", TOP_OPTIONS[cfg.workload]]
+            out.append(["top", top])
         elif cfg.workload == "leave":
             out.append([rng.choice(("leave", "rejoin")), [draw()]])
         else:  # mixed: 95% signal, 4% status, 1% leave or rejoin
@@ -92,3 +109,10 @@ def requests(cfg: BenchConfig, rng: random.Random, count: int) -> list[list[Any]
             else:
                 out.append([rng.choice(("leave", "rejoin")), [draw()]])
     return out
+
+
+def made(method: str, params: list[Any]) -> list[int]:
+    """The users a request of the workload writes for: bench's own, for its clean-up."""
+    if method == "signal_batch":
+        return [item[0] for item in params[0]]
+    return [params[0]] if method in MAKES else []

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import sys
+from typing import Any
 
 from tidal.cli import resp
 from tidal.cli.bench import run
 from tidal.cli.workload import BenchConfig
-from tidal.client import Client
+from tidal.client import Client, Signal
 from tidal.server import Server
 
 
@@ -46,3 +50,48 @@ def test_resp_replies_are_counted_per_request_however_they_are_cut() -> None:
         replies.sent(1, 1)
         answered = replies.feed(stream[:cut]) + replies.feed(stream[cut:])
         assert answered == [(0, None), (1, "redis error")], cut
+
+
+async def test_bench_beside_real_data_changes_nothing_it_did_not_make(server: Server) -> None:
+    """200 real users have left; a cohort and signals are there. bench refuses the server
+    in one line; told it may run, it uses users, entities and a cohort of its own, and
+    once done, every count, Left user and cohort is as before (issue 39, item 6: a run
+    rejoined 80 of the 200, and left its cohort and entities behind)."""
+    host, port = server.address
+    real = range(1, 201)
+    async with await Client.connect(host, port) as c:
+        await c.define_cohort("de", {"country": "DE"})
+        await c.signal_batch([Signal(u, "real", "view", attrs={"country": "DE"}) for u in real])
+        await asyncio.gather(*(c.leave(u) for u in real))
+
+        async def state() -> tuple[Any, ...]:
+            top = await c.top("ledger", None, "view", limit=100)
+            return (
+                (await c.stats())["ledger_rows"],
+                (await c.left_users()).users,
+                await c.cohorts(),
+                await c.counts("real"),
+                [(r.entity, r.count) for r in top.entities],
+            )
+
+        before = await state()
+        assert len(before[1]) == 200
+
+        def bench(*extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "tidal.cli", "bench", "--port", str(port), "--workload",
+                 "mixed", "--users", "200", "-n", "4000", "-c", "2", "-P", "4", *extra],
+                capture_output=True, text=True, check=False, timeout=300,
+            )  # fmt: skip
+
+        refused = await asyncio.to_thread(bench)
+        assert refused.returncode == 2 and refused.stdout == "", refused
+        assert refused.stderr.startswith("tidal bench: the server holds data (")
+        assert refused.stderr.count("\n") == 1 and "--allow-data" in refused.stderr
+        assert await state() == before
+
+        done = await asyncio.to_thread(bench, "--allow-data", "--left-fraction", "0.2")
+        assert done.returncode == 0, done.stderr
+        assert "erased and rejoined its" in done.stderr and "dropped cohort bench-de" in done.stderr
+        assert await state() == before
+        assert (await c.stats())["signals"] > 200  # it did run
