@@ -108,11 +108,16 @@ class CohortsChanged(TidalError):
 class CommitUnknown(TidalError):
     """A COMMIT whose answer was lost: it may or may not have happened. ``settle`` finds out:
     it returns if the commit happened and raises ``StorageFailure`` if it did not, or if that
-    cannot be known. Until then nothing may be built on it."""
+    cannot be known. Until then nothing may be built on it. ``silent``: the path to the
+    database went silent, and finding out waits for it to speak again: its requests are
+    told the outcome is unknown meanwhile (``Committer``)."""
 
-    def __init__(self, message: str, settle: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, message: str, settle: Callable[[], Awaitable[None]], silent: bool = False
+    ) -> None:
         super().__init__(message)
         self.settle = settle
+        self.silent = silent
 
 
 class BackupFailed(TidalError):

@@ -264,6 +264,31 @@ async def test_a_leave_with_purge_whose_purge_s_commit_fails_says_the_leave_is_s
         assert (await c.purge(1)).signals == 3  # asked again: it happens now
 
 
+async def test_a_read_after_a_purge_answers_as_of_its_place_on_its_connection(
+    server: Server,
+) -> None:
+    """Pipelined on one connection: four signals, a leave with purge, ``counts``, one more
+    signal. The read waits for the purge, and shows the four, not the one sent after it
+    (issue 39, item 5: it showed five, "my read saw the future")."""
+    peer = await RawPeer.open(server.address)
+    sent = [[0, i, "signal", [3, "e1", "view", 1.0, {"communities": ["x"]}]] for i in range(4)]
+    sent += [
+        [0, 4, "leave", [3, {"purge": True}]],
+        [0, 5, "counts", ["e1"]],
+        [0, 6, "signal", [3, "e1", "view"]],
+        [0, 7, "counts", ["e1"]],
+    ]
+    peer.send_raw(b"".join(msgpack.packb(m) for m in sent))  # read in one go
+    replies = {r[1]: r for r in [await peer.receive() for _ in sent]}
+    assert all(r[2] is None for r in replies.values()), replies
+    assert replies[4][3]["purged"] == 4
+    first, last = replies[5][3], replies[7][3]
+    assert first["ledger"] == {"view": {"count": 4, "weight": 4.0}}, first
+    assert first["communities"] == {}  # withdrawn by the purge
+    assert last["ledger"] == {"view": {"count": 5, "weight": 5.0}}, last
+    peer.close()
+
+
 async def test_the_past_survives_kill_9(process: ServerProcess) -> None:
     await process.start()
     async with await process.connect() as c:
@@ -340,10 +365,11 @@ async def test_left_users_and_history_see_the_writes_read_before_them(server: Se
     peer.send([0, 6, "left_users", []])
     replies = {r[1]: r for r in [await peer.receive() for _ in range(6)]}
     assert [u for u, _ in replies[2][3]["users"]] == [11]
-    # a history read waits for the purge read before it to take effect, a commit later: by
-    # then the rejoin read after it has been applied too
+    # a history read waits for the purge read before it to take effect, a commit later, and
+    # the rejoin sent after it waits with it: the read answers as of its place (issue 39,
+    # item 5: it showed the rejoin)
     lines = [(e["event"], e["signals"]) for e in replies[4][3]]
-    assert lines == [("leave", None), ("rejoin", None), ("purge", 0)]
+    assert lines == [("leave", None), ("purge", 0)]
     assert replies[6][3]["users"] == []
     peer.close()
 

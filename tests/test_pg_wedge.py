@@ -158,7 +158,8 @@ async def test_a_tidal_per_schema_of_one_database(pg_cluster: Cluster, database:
 class Relay:
     """A TCP relay to PostgreSQL on a port of its own, whose packets the kernel can be told
     to drop (iptables): a network that goes silent, as a host's power loss or a partition
-    looks, with no reset and no FIN."""
+    looks, with no reset and no FIN. Or it stops passing bytes on, holding them, while both
+    of its connections stay up (``mute``): a hung pgbouncer, HAProxy or load balancer."""
 
     def __init__(self, target_port: int) -> None:
         self.port = free_port()
@@ -166,6 +167,9 @@ class Relay:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.silent = False
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.mute_on: bytes | None = None  # mute as these bytes go by towards the database
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -173,14 +177,18 @@ class Relay:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
             with contextlib.suppress(OSError):
                 while data := await src.read(65536):
+                    if up and self.mute_on is not None and self.mute_on in data:
+                        self.mute_on = None
+                        self.flowing.clear()
+                    await self.flowing.wait()
                     dst.write(data)
                     await dst.drain()
             dst.close()
 
-        for task in (pipe(reader, up_writer), pipe(up_reader, writer)):
+        for task in (pipe(reader, up_writer, True), pipe(up_reader, writer, False)):
             t = asyncio.create_task(task)
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
@@ -203,7 +211,16 @@ class Relay:
             self._rules("-D")
             self.silent = False
 
+    def mute(self, on: bytes) -> None:
+        """Stop passing bytes on, in both directions, from the first that hold ``on``."""
+        self.mute_on = on
+
+    def unmute(self) -> None:
+        self.mute_on = None
+        self.flowing.set()
+
     async def close(self) -> None:
+        self.unmute()
         self.speak()
         if self._server is not None:
             self._server.close()
@@ -255,10 +272,52 @@ async def test_a_silent_network_is_noticed_within_10_seconds(
         await c.signal(4, "e", "view")  # deltas a last checkpoint must write
         relay.go_silent()
     log = b"".join(process.log).decode()
-    # its abandoned session, which the relay kept alive, named by its pid and start time
-    assert "ending this server's previous session" in log
+    # its abandoned session: ended by tidal (named by its pid and start time) if the relay
+    # kept it alive, or by the relay, once the close that tidal sent as it gave the session
+    # up (the path silent) got through after the rules went; never the lock of another
+    reconnected = "reconnected to" in log
+    assert reconnected and "took the database" not in log, log[-2000:]
     lines = [line for line in log.splitlines() if " ERROR " in line or " WARNING " in line]
     assert len(lines) < 40, f"{len(lines)} lines for 300 refusals:\n" + "\n".join(lines[-10:])
     # SIGTERM while the database cannot be reached: the last checkpoint fails, and says so
     assert await process.stop() == 1
     assert "shutdown: the last commit failed" in b"".join(process.log).decode()
+
+
+async def test_a_proxy_gone_silent_at_commit_is_noticed_and_the_commit_settled(
+    database: Database, relay: Relay
+) -> None:
+    """The relay keeps both connections open but passes nothing on from a COMMIT: TCP sees
+    a healthy socket. The request gets error 2 within 10 s, health answers at once that
+    storage is unavailable, and once the relay passes bytes again the COMMIT is settled by
+    its batch id on a new session: memory and the database agree (issue 39, item 2: the
+    signal got no answer in 15 s, health none in 8 s)."""
+    url = database.target.replace(f":{relay.target}/", f":{relay.port}/")
+    process = await ServerProcess(url, "--shutdown-timeout", "20").start()
+    async with await process.connect_with(reconnect=0) as c:
+        await c.signal(1, "e", "view")
+        relay.mute(b"COMMIT")
+        with within(10, "a signal's error 2"), pytest.raises(Unavailable) as refused:
+            await c.call("signal", 2, "e", "view", timeout=30)
+        assert "whether this request was saved is unknown" in str(refused.value), refused.value
+        with within(1, "health"):
+            health = await c.call("health", timeout=30)
+        assert health["status"] == "failing" and health["storage"] == "unavailable", health
+        with within(1, "a write's error 2"), pytest.raises(Unavailable):
+            await c.call("signal", 3, "e", "view", timeout=30)  # refused until it is known
+        relay.unmute()
+        for _ in range(100):  # back by itself, with no restart (a schedule: its backoff)
+            with contextlib.suppress(Unavailable):
+                await c.call("signal", 4, "e", "view", timeout=30)
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("writes never came back")
+        counted = (await c.counts("e")).ledger["view"].count
+        rows = await database.rows("SELECT user_id FROM ledger ORDER BY seq")
+        assert [u for (u,) in rows] in ([1, 4], [1, 2, 4]), rows
+        assert counted == len(rows)
+    log = b"".join(process.log).decode()
+    assert "the COMMIT held" in log or "the COMMIT did not hold" in log, log[-2000:]
+    assert "the path to the database is silent" in log
+    assert await process.stop() == 0

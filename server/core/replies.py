@@ -12,6 +12,8 @@ from tidal.server.errors import Unavailable
 
 #: how a refusal of a write ends when its batch was refused: the client may send it again
 NOTHING_SAVED: Final = "nothing of this request was saved"
+#: ... when its batch's COMMIT may have held: the client finds out by reading
+UNKNOWN_SAVED: Final = "whether this request was saved is unknown"
 
 
 class Undo(Protocol):
@@ -61,6 +63,8 @@ class Replier(Protocol):
     def reply_error(self, msgid: int | None, code: int, message: str) -> None: ...
 
     def reading(self, started: bool) -> None: ...
+
+    def hold(self, on: bool) -> None: ...
 
     def flush(self) -> None: ...
 

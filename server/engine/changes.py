@@ -18,7 +18,7 @@ from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change
 from tidal.server.core.members import Membership
 from tidal.server.core.past import ERASE, LEAVE, PURGE, REJOIN, Event, Withdrawal
-from tidal.server.core.replies import NOTHING_SAVED, Later, Replier
+from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
 
 from .state import EngineState
 
@@ -180,10 +180,7 @@ class Outcome(Later):
         if asked_in.committed:
             tail = f"{self.saved}; the rest of this request was not saved: ask again"
         else:  # that batch's COMMIT was cut off, its outcome still to settle
-            tail = (
-                f"whether this request was saved is unknown ({self.saved} if the commit"
-                " before holds; the rest was not saved)"
-            )
+            tail = f"{UNKNOWN_SAVED} ({self.saved} if the commit before holds; the rest was not)"
         return head + tail if head != message else f"{message} ({tail})"
 
     def answer(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
-from tidal.server.core.replies import NOTHING_SAVED, Later, Replier
+from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
 from tidal.server.errors import CommitUnknown, StorageFailure, Unavailable
 from tidal.server.logs import Throttle
 from tidal.server.metrics import Metrics
@@ -38,6 +38,11 @@ OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communitie
 #: seconds a graceful stop goes on rewriting withdrawn rows (``core.rewrites``); boot
 #: resumes what is left
 REWRITE_AT_STOP: Final = 5.0
+#: a commit whose answer was lost on a path gone silent: its requests wait this long for its
+#: outcome to be found out, then are told it is unknown (error 2), rather than wait for as
+#: long as the path stays silent; memory still takes in the outcome once known. An answer
+#: lost otherwise (the database restarted) is waited for: finding out takes seconds
+UNKNOWN_PATIENCE: Final = 3.0
 
 
 class Steps(Protocol):
@@ -80,6 +85,7 @@ class Committer:
         self._hold = hold
         self.open = Batch(first_seq)
         self.inflight: Batch | None = None
+        self._began = 0.0  # when the writer took ``inflight`` (time.monotonic)
         self.failed: str | None = None  # a commit failed for good: writes refused
         self.full: str | None = None  # the last commit failed, and later ones may not
         self.full_state = "full"  # ... as health reports it: full, or unavailable
@@ -189,6 +195,7 @@ class Committer:
                 self._steps.prepare(batch)
             self.open = Batch(self._steps.next_seq())
             self.inflight = batch
+            self._began = time.monotonic()
             self._hold(False)
             began = time.perf_counter()
             try:
@@ -207,6 +214,10 @@ class Committer:
                 self.inflight = None
                 if self._settling:
                     self._settle()
+
+    def stalled(self) -> float:
+        """Seconds the writer has been on its current commit (0 if it is on none)."""
+        return 0.0 if self.inflight is None else time.monotonic() - self._began
 
     def _settle(self) -> None:
         waiting, self._settling = self._settling, []
@@ -235,8 +246,17 @@ class Committer:
             self._steps.failed(later, self.open)
             self._hold(False)
             refuse((later,), f"storage unavailable: {unknown}; {NOTHING_SAVED}")
+            settle = asyncio.ensure_future(unknown.settle())
             try:
-                await unknown.settle()
+                patience = UNKNOWN_PATIENCE if unknown.silent else None
+                if not (await asyncio.wait({settle}, timeout=patience))[0]:
+                    message = f"storage unavailable: {unknown}; {UNKNOWN_SAVED}"
+                    refuse((batch,), message)
+                    batch.replies.clear()  # answered: the outcome only changes memory now
+                await settle
+            except asyncio.CancelledError:
+                settle.cancel()
+                raise
             finally:
                 self.unknown = None
 
@@ -331,7 +351,7 @@ class Committer:
                 f" commit ({exc}); {NOTHING_SAVED}"
             )
         elif exc.outcome_unknown:
-            message = f"storage unavailable: {exc}; whether this request was saved is unknown"
+            message = f"storage unavailable: {exc}; {UNKNOWN_SAVED}"
         else:
             message = f"storage unavailable: {exc}; {NOTHING_SAVED}"
         refuse((batch, later), message)

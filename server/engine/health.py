@@ -20,6 +20,9 @@ OK: Final = "ok"
 STARTING: Final = "starting"
 FAILING: Final = "failing"
 STANDBY: Final = "standby"
+#: a commit this many seconds long: ``health`` answers at once that storage is unavailable,
+#: not after a round trip that may never come back (a path to the database gone silent)
+STALLED: Final = 2.0
 
 
 def report(storage: str, error: str | None = None) -> dict[str, Any]:

@@ -147,9 +147,17 @@ class Past:
         """Whether a withdrawal read has not joined a batch yet."""
         return bool(self._asked)
 
-    def defer(self, request: Callable[[], None]) -> None:
-        """Handle ``request`` again once the last withdrawal read has joined its batch."""
-        self._asked[-1].deferred.append(request)
+    def defer(self, conn: Replier, request: Callable[[], None]) -> None:
+        """Handle ``request`` (a read of ``conn``'s) again once the last withdrawal read has
+        joined its batch. Until then ``conn`` applies nothing it sent after it: the read
+        answers as of its place in the connection's order, never with a later write."""
+        conn.hold(True)
+
+        def again() -> None:
+            conn.hold(False)  # it goes on after this turn of the loop: ``request`` first
+            request()
+
+        self._asked[-1].deferred.append(again)
 
     # -- around each commit (called by the engine) -----------------------------
 

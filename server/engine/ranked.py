@@ -54,7 +54,7 @@ class Ranked:
             conn.reply(None, None)
             return
         if self._engine.past.waiting():  # a purge read before this one has yet to take effect
-            self._engine.past.defer(lambda: self._answer(conn, msgid, read))
+            self._engine.past.defer(conn, lambda: self._answer(conn, msgid, read))
             return
         committer = self._engine.committer
         batch, inflight = committer.open, committer.inflight
@@ -63,17 +63,29 @@ class Ranked:
             or conn in batch.writers
             or (inflight is not None and (inflight.past or conn in inflight.writers))
         ):
-            committer.later(conn, msgid, _Read(read))
+            # answered once that batch has committed, from the board, which then holds the
+            # batch's writes: the connection's later ones wait, so that none of them shows
+            conn.hold(True)
+            committer.later(conn, msgid, _Read(read, conn))
         else:
             conn.reply(msgid, read())
             conn.flush()  # a page of up to 1,000 entities must meet the peer's flow control now
 
 
 class _Read(Later):
-    __slots__ = ("read",)
+    """A read of the board, answered once the batch it waits on has committed; its
+    connection applies nothing it sent after the read until then (``hold``)."""
 
-    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+    __slots__ = ("conn", "read")
+
+    def __init__(self, read: Callable[[], dict[str, Any]], conn: Replier) -> None:
         self.read = read
+        self.conn = conn
 
     def answer(self) -> dict[str, Any]:
+        self.conn.hold(False)
         return self.read()
+
+    def refused(self, message: str, batches: tuple[Any, ...]) -> str:
+        self.conn.hold(False)
+        return message

@@ -28,7 +28,7 @@ from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
 from tidal.server.version import VERSION, compiled
 
-from .health import HealthCheck, report
+from .health import STALLED, HealthCheck, report
 from .ranked import Ranked
 from .state import EngineState
 
@@ -89,7 +89,7 @@ class Reads:
             conn.reply(None, None)
             return
         if self._engine.past.waiting():  # its line is written as it takes effect
-            self._engine.past.defer(lambda: self.history(conn, msgid, args))
+            self._engine.past.defer(conn, lambda: self.history(conn, msgid, args))
             return
         committer = self._engine.committer
         mine = [e for e in committer.open.history if e.user_id == user_id]
@@ -150,6 +150,11 @@ class Reads:
         committer = self._engine.committer
         if committer.unknown is not None:  # the writer is busy finding out: say so now
             conn.reply(msgid, self.health())
+            return
+        stalled = committer.stalled()
+        if stalled > STALLED:  # the database has not answered the writer for a while
+            error = f"the database has not answered a commit for {stalled:.1f} s"
+            conn.reply(msgid, report("unavailable", error))
             return
         batch = committer.open
         if committer.full is not None and committer.failed is None and not batch.probe:

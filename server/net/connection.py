@@ -257,6 +257,10 @@ class ServerConnection(asyncio.Protocol):
         self._reads += 1 if started else -1
         self.flow.set(FlowControl.READS, self._reads >= MAX_PENDING_READS)
 
+    def hold(self, on: bool) -> None:
+        """Apply nothing more of this connection's (True) until told to go on (False)."""
+        self.flow.set(FlowControl.DEFERRED, on)
+
     def _observe(self, msgid: int) -> None:
         assert self._metrics is not None
         started = self._started.pop(msgid, None)

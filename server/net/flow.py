@@ -20,6 +20,9 @@ class FlowControl:
     YIELDED: Final = 8  # this connection had its slice of the loop; others go first
     READS: Final = 16  # too many large reads (counts) awaiting replies
     DRAINING: Final = 32  # shutting down: nothing more is taken on
+    #: a read waits for a purge or erase read before it to take effect: what the connection
+    #: sent after it waits too, so that the read answers as of its place in that order
+    DEFERRED: Final = 64
 
     def __init__(self, transport: asyncio.Transport, resume: Callable[[], None]) -> None:
         self._transport = transport

@@ -127,7 +127,7 @@ class Checker:
         await self.reads(list(rows.values()), names)
         await self.memberships()
         await self.feed()
-        return self.anomalies
+        return self.anomalies + self.history.observed
 
     # -- the ledger against what was acknowledged ----------------------------
 

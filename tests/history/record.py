@@ -74,6 +74,8 @@ class History:
     ops: list[Op] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     by_user: dict[int, list[Op]] = field(default_factory=lambda: defaultdict(list))
+    #: anomalies seen as they happened (a read out of its connection's order), with when
+    observed: list[tuple[float, str]] = field(default_factory=list)
 
     def invoke(self, client: int, method: str, params: list[Any], user: int | None) -> Op:
         op = Op(len(self.ops), client, method, params, user, time.monotonic())

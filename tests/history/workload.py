@@ -127,19 +127,78 @@ async def call(history: History, conn: Connection, method: str, params: list[Any
     client = await conn.get()
     op = history.invoke(conn.index, method, params, user)
     try:
-        reply = await client.call(method, *params)
-    except ServerError as exc:
-        if "whether this request was saved is unknown" in str(exc):
-            history.complete(op, "unknown", f"{exc.code} {exc}")
-            op.bound = time.monotonic()  # whatever it did, it did by now
-        else:
-            history.complete(op, "fail", f"{exc.code} {exc}")
-            op.partial = "the rest of this request was not saved" in str(exc)
-    except (ConnectionLost, CallTimeout, OSError):
-        history.complete(op, "unknown")
-    else:
-        history.complete(op, "ok", reply)
+        outcome = await client.call(method, *params)
+    except (ServerError, ConnectionLost, CallTimeout, OSError) as exc:
+        outcome = exc
+    record(history, op, outcome)
     return op
+
+
+#: the users and entities of ``in_order``'s probes: their own, so that no other operation
+#: (an erase above all) changes what their reads count
+PROBE_USERS = 10**6
+
+
+async def in_order(history: History, conn: Connection, rng: random.Random, index: int,
+                   prefix: str, stop: asyncio.Event, done: Callable[[], None]) -> None:  # fmt: skip
+    """Reads answer as of their place in their connection's order (PROTOCOL.md): pipelined
+    on one connection, 1-4 signals of a user of its own to an entity of its own, a purge or
+    a leave with purge of that user (which a read waits for), ``counts`` of the entity, one
+    more signal. The read counts every signal of the entity acknowledged before it, and
+    not the one sent after it: checked here, exactly, while no signal of the entity has
+    an unknown outcome (after one, the probe goes on with a new entity)."""
+    user = PROBE_USERS + index
+    generation, acked = 0, 0
+    while not stop.is_set():
+        entity = f"{prefix}.{generation}"  # no earlier probe wrote it
+        n = rng.randrange(1, 5)
+        purge: list[Any] = [user, {"purge": True}]
+        withdrawal = ("purge", [user], user) if rng.random() < 0.5 else ("leave", purge, user)
+        sent: list[tuple[str, list[Any], int | None]] = [
+            *[("signal", [user, entity, "v", 1, {}], user) for _ in range(n)],
+            withdrawal,
+            ("counts", [entity], None),
+            ("signal", [user, entity, "v", 1, {}], user),
+        ]
+        client = await conn.get()
+        ops = [history.invoke(conn.index, m, p, u) for m, p, u in sent]
+        calls = [asyncio.ensure_future(client.call(m, *p)) for m, p, _ in sent]  # in order
+        for op, outcome in zip(ops, await asyncio.gather(*calls, return_exceptions=True),
+                               strict=True):  # fmt: skip
+            record(history, op, outcome)
+            done()
+        signals = [ops[i] for i in (*range(n), n + 2)]
+        read = ops[n + 1]
+        if read.outcome == "ok" and all(op.outcome in ("ok", "fail") for op in signals[:n]):
+            before = acked + sum(op.outcome == "ok" for op in signals[:n])
+            got = read.reply["ledger"].get("v", {}).get("count", 0)
+            if got != before:
+                history.observed.append((read.invoked, (
+                    f"counts({entity}) = {got}, read after {before} acknowledged signals of it on"
+                    f" its connection and before one more: a read answers as of its place in"
+                    f" its connection's order (#{read.index})"
+                )))  # fmt: skip
+        if any(op.outcome not in ("ok", "fail") for op in signals):
+            generation, acked = generation + 1, 0  # some may count, or not: a new entity
+        else:
+            acked += sum(op.outcome == "ok" for op in signals)
+
+
+def record(history: History, op: Op, outcome: Any) -> None:
+    """An operation's completion, from its reply or its exception (as ``call`` records)."""
+    if isinstance(outcome, ServerError):
+        if "whether this request was saved is unknown" in str(outcome):
+            history.complete(op, "unknown", f"{outcome.code} {outcome}")
+            op.bound = time.monotonic()
+        else:
+            history.complete(op, "fail", f"{outcome.code} {outcome}")
+            op.partial = "the rest of this request was not saved" in str(outcome)
+    elif isinstance(outcome, (ConnectionLost, CallTimeout, OSError)):
+        history.complete(op, "unknown")
+    elif isinstance(outcome, BaseException):
+        raise outcome
+    else:
+        history.complete(op, "ok", outcome)
 
 
 async def worker(history: History, conn: Connection, rng: random.Random, signals: Signals,
@@ -160,6 +219,7 @@ class Load:
         self.depth = depth
         self.signals = Signals(rng)
         self.completed = 0
+        self.starts = 0
         self._target = 0
         self._reached = asyncio.Event()
         self._stop = asyncio.Event()
@@ -186,6 +246,12 @@ class Load:
             for conn in self.conns
             for _ in range(self.depth if conn.index % 2 else 16)  # some pipeline deep
         ]
+        self.starts += 1
+        for conn in self.conns[:2]:  # a probe of reads in order on two connections
+            rng = random.Random(self.rng.random())
+            prefix = f"q{conn.index}.{self.starts}"
+            probe = in_order(self.history, conn, rng, conn.index, prefix, self._stop, self._done)
+            self._tasks.append(asyncio.create_task(probe))
 
     async def until(self, more: int, timeout: float = 120) -> None:
         """Returns once ``more`` further operations have completed (a state, not a time)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -26,9 +27,64 @@ from .session import STATEMENT_TIMEOUT, numbered, try_rows, unnest
 
 T = TypeVar("T")
 
+#: a statement or COMMIT unanswered this long has the database asked, on a new session,
+#: whether it answers at all (``Alive``), and again at doubling intervals up to
+#: ``PATIENCE_MAX``. A path gone silent (a hung pgbouncer, HAProxy or load balancer that
+#: keeps both connections open: TCP sees nothing wrong) ends the session then; a database
+#: that is only slow (a COMMIT waiting for a synchronous standby) is waited for
+PATIENCE: Final = 1.0
+PATIENCE_MAX: Final = 8.0
+#: whether the database answers anything on a new session within a few seconds
+Alive = Callable[[], Awaitable[bool]]
+
+
+class Silent(OSError):
+    """Neither the statement nor a new session got an answer: the path to the database is
+    silent. The session is ended; a COMMIT's outcome is settled by its batch id."""
+
+
+async def answered(
+    conn: asyncpg.Connection, call: Awaitable[T], alive: Alive | None, *, shield: bool = False
+) -> T:
+    """``call``'s answer on ``conn``; once neither ``call`` nor the database on a new session
+    answers, ``conn`` is ended and ``call`` fails with it: its error (``CommitLost`` if it
+    was in COMMIT), or ``Silent``. ``shield``: the caller's cancellation (a shutdown's
+    timeout) stops the wait, not ``call`` (a COMMIT is never cancelled: ``commit``)."""
+    if alive is None and not shield:
+        return await call
+    task = asyncio.ensure_future(call)
+    try:
+        patience = PATIENCE
+        waited = 0.0
+        while alive is not None and not (await asyncio.wait({task}, timeout=patience))[0]:
+            waited += patience
+            if not await alive():
+                conn.terminate()  # not a cancel: the session ends, and what it was doing
+                silent = (
+                    f"no answer in {waited:g} s, and none on a new session either: the path to"
+                    " the database is silent"
+                )
+                try:
+                    return await task  # it fails at once, or its answer had just come
+                except CommitLost as exc:
+                    lost = CommitLost(f"COMMIT: {silent}")
+                    lost.silent = True
+                    raise lost from exc
+                except Exception as exc:
+                    raise Silent(silent) from exc
+            patience = min(PATIENCE_MAX, patience * 2)
+        return await (asyncio.shield(task) if shield else task)
+    except asyncio.CancelledError:
+        if not shield:
+            task.cancel()
+        raise
+
 
 class CommitLost(Exception):
-    """The connection was lost while COMMIT was on its way: it may or may not have happened."""
+    """The connection was lost while COMMIT was on its way: it may or may not have happened.
+    ``silent``: tidal ended it, the path to the database having gone silent (``answered``)."""
+
+    silent = False
 
 
 class CommitUnreplicated(Exception):
@@ -63,11 +119,12 @@ class BatchIds:
     key: str = "batch_id"
 
 
-async def commit(conn: asyncpg.Connection) -> str | None:
+async def commit(conn: asyncpg.Connection, alive: Alive | None = None) -> str | None:
     """COMMIT, never timed out nor cancelled by tidal: a COMMIT cancelled while it waits for
     a synchronous standby returns as committed on the primary alone, which a failover then
     loses. A cancelled caller (a shutdown's timeout) stops waiting; the COMMIT goes on, and
-    its reply is never sent. A lost answer is settled by the batch id (``CommitLost``).
+    its reply is never sent. A lost answer is settled by the batch id (``CommitLost``), and
+    so is one on a path gone silent (``answered``: its session is ended, not cancelled).
     Returns the WARNING PostgreSQL sent if someone else cancelled its wait for the standby
     (``CommitUnreplicated``): its listener runs before this returns, since asyncpg schedules
     it (``call_soon``) when the notice arrives, ahead of the COMMIT's own completion."""
@@ -80,7 +137,7 @@ async def commit(conn: asyncpg.Connection) -> str | None:
 
     conn.add_log_listener(listen)
     try:
-        await asyncio.shield(conn.execute("COMMIT"))
+        await answered(conn, conn.execute("COMMIT"), alive, shield=True)
     except Exception as exc:
         # the server's error on a live session is its answer: no commit. A session that
         # ended meanwhile, however asyncpg says it (OSError, a FATAL from a database
@@ -111,7 +168,9 @@ async def move_batch_id(
         )
 
 
-async def barrier(conn: asyncpg.Connection, key: str, batch_id: int) -> None:
+async def barrier(
+    conn: asyncpg.Connection, key: str, batch_id: int, alive: Alive | None = None
+) -> None:
     """A synchronous commit after a batch's: a standby acknowledges WAL by position, so once
     this one returns, the standbys hold every commit before it. It rewrites the batch id,
     fenced as every transaction is (``Fenced`` if it is no longer ``batch_id``)."""
@@ -122,7 +181,7 @@ async def barrier(conn: asyncpg.Connection, key: str, batch_id: int) -> None:
         if not conn.is_closed():
             await conn.execute("ROLLBACK", timeout=STATEMENT_TIMEOUT)
         raise
-    warning = await commit(conn)
+    warning = await commit(conn, alive)
     if warning is not None:
         raise CommitUnreplicated(warning)
 
@@ -132,14 +191,19 @@ async def run(
     ids: BatchIds,
     plan: Plan[T],
     timeout: float | None = STATEMENT_TIMEOUT,
+    alive: Alive | None = None,
 ) -> T:
-    """A plan, statement by statement, each but COMMIT within ``timeout``; a transaction
-    it began and did not commit is rolled back, as the database does when the session
-    ends. A statement that times out closes its connection: a later one may not wait
-    behind it, and the next commit reconnects."""
+    """A plan, statement by statement, each but COMMIT within ``timeout``, and none on a
+    path gone silent for longer than it takes to notice (``alive``: see ``answered``); a
+    transaction it began and did not commit is rolled back, as the database does when the
+    session ends. A statement that times out closes its connection: a later one may not
+    wait behind it, and the next commit reconnects."""
+    return await answered(conn, _run(conn, ids, plan, timeout), alive)
+
+
+async def _run(conn: asyncpg.Connection, ids: BatchIds, plan: Plan[T], t: float | None) -> T:
     in_transaction = False
     result: Any = None
-    t = timeout
     try:
         while True:
             op = plan.send(result)

@@ -39,7 +39,7 @@ from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
 from .cluster import cluster_of
-from .execute import BatchIds, CommitLost, CommitUnreplicated, Fenced, run
+from .execute import BatchIds, CommitLost, CommitUnreplicated, Fenced, answered, run
 from .lock import AdvisoryLock
 from .schema import migrate
 from .session import (
@@ -166,7 +166,7 @@ class PgStorage:
             ids.last_id = await conn.fetchval(BATCH_ID, ids.key, timeout=STATEMENT_TIMEOUT)
             # boot reads the whole state: no statement timeout (TCP still notices a dead network)
             load = boot.load(POSTGRES, keys_since_ns, max_keys, half_lives, now_ns)
-            snapshot = await run(conn, ids, load, timeout=None)
+            snapshot = await run(conn, ids, load, timeout=None, alive=self._session.answers)
         except (asyncpg.PostgresError, *LOST) as exc:  # at boot: one line, no traceback
             raise DatabaseUnusable(f"{self.location}: cannot load: {why(exc)}") from None
         await self._measure(conn)
@@ -194,12 +194,15 @@ class PgStorage:
     async def commit(self, batch: Batch) -> None:
         conn = await self._session.connection()
         try:
-            wrote = await run(conn, self._session.ids, plans.apply(POSTGRES, batch))
+            session = self._session
+            plan = plans.apply(POSTGRES, batch)
+            wrote = await run(conn, session.ids, plan, alive=session.answers)
         except CommitLost as exc:
             batch_id = self._session.ids.next_id
             raise CommitUnknown(
                 f"the connection to the database was lost during COMMIT ({exc})",
                 lambda: self._settle(batch_id),
+                silent=exc.silent,
             ) from exc
         except Fenced as exc:
             raise StorageFailure(
@@ -235,11 +238,12 @@ class PgStorage:
         try:
             if conn is None or conn.is_closed():
                 conn = self._reader = await self._session.connect()
-            await conn.execute(
+            begin = conn.execute(
                 "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", timeout=STATEMENT_TIMEOUT
             )
+            await answered(conn, begin, self._session.answers)
             try:
-                return await run(conn, BatchIds(), plan(POSTGRES))
+                return await run(conn, BatchIds(), plan(POSTGRES), alive=self._session.answers)
             finally:
                 if not conn.is_closed():
                     await conn.execute("ROLLBACK", timeout=STATEMENT_TIMEOUT)
@@ -259,7 +263,8 @@ class PgStorage:
         database went away, or that another tidal took it over."""
         conn = await self._session.connection()
         try:
-            await conn.fetchval("SELECT 1", timeout=STATEMENT_TIMEOUT)
+            ping = conn.fetchval("SELECT 1", timeout=STATEMENT_TIMEOUT)
+            await answered(conn, ping, self._session.answers)
         except Exception as exc:
             raise self._session.failure("probe", exc, conn) from exc
 

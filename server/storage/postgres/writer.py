@@ -34,6 +34,8 @@ log = logging.getLogger("tidal.storage")
 
 #: a COMMIT whose answer was lost: how long to keep trying to find out what became of it
 OUTCOME_WAIT: Final = 60.0
+#: ``answers``: how long a new session may take to connect and answer ``SELECT 1``
+PROBE_TIMEOUT: Final = 2.0
 BACKOFF_FIRST: Final = 0.05
 BACKOFF_MAX: Final = 2.0
 BATCH_ID: Final = "SELECT value FROM meta WHERE key = $1"
@@ -182,7 +184,7 @@ class WriterSession:
             # visible here is not yet on a synchronous standby: its wait may still be going
             # on, or have been cancelled; a later synchronous commit settles it
             try:
-                await barrier(conn, self.ids.key, batch_id)
+                await barrier(conn, self.ids.key, batch_id, self.answers)
             except (Fenced, CommitUnreplicated, *LOST) as exc:
                 await close_quietly(conn)
                 self.conn = None
@@ -211,6 +213,26 @@ class WriterSession:
             outcome_unknown=True,
             fenced=True,
         )
+
+    async def answers(self) -> bool:
+        """Whether the database answers anything on a new session within ``PROBE_TIMEOUT``
+        (a refusal counts): asked when a statement or COMMIT has gone unanswered for a while
+        (``execute.answered``), to tell a path gone silent from a database that is slow."""
+        try:
+            conn = await asyncio.wait_for(connect(self.url, self.options), PROBE_TIMEOUT)
+        except TimeoutError:
+            return False
+        except Exception:  # refused, too many clients...: it answered
+            return True
+        try:
+            await conn.fetchval("SELECT 1", timeout=PROBE_TIMEOUT)
+        except TimeoutError:
+            return False
+        except Exception:
+            return True
+        finally:
+            conn.terminate()
+        return True
 
     async def connect(self) -> asyncpg.Connection:
         conn = await connect(self.url, self.options)
