@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from typing import Any, NamedTuple, NoReturn, get_args
 
 from tidal.server.config import Config, duration, env, flag
+from tidal.server.host import parse_size
 
 
 class Setting(NamedTuple):
@@ -108,6 +109,14 @@ def _duration(value: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size(value: str) -> str:
+    try:
+        parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
     """Every server setting as a flag, from its one declaration in ``Config``."""
     for f in fields(Config):
@@ -124,7 +133,8 @@ def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
         else:
             assert f.default is not MISSING
             default = None if f.default is None else str(f.default)
-            convert = {"port": port, "duration": _duration}.get(kind) or _base_type(f.type)
+            converters = {"port": port, "duration": _duration, "size": _size}
+            convert = converters.get(kind) or _base_type(f.type)
             settings.add(
                 parser,
                 flag(f.name),

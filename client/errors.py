@@ -110,6 +110,14 @@ class Unavailable(ServerError):
         cohorts as this request's were matched): the clients send it again."""
         return self.message.startswith(RETRY)
 
+    @property
+    def full(self) -> bool:
+        """The write would have created aggregates past the server's memory budget, and
+        nothing of it was applied; writes to aggregates it holds, and every other request,
+        go on. Sending it again helps only once a purge, an erasure or an operator made
+        room."""
+        return self.message.startswith(FULL)
+
 
 #: how a server still loading its database begins its error 2 (docs/PROTOCOL.md)
 STARTING: Final = "starting:"
@@ -117,6 +125,8 @@ STARTING: Final = "starting:"
 STANDBY: Final = "standby:"
 #: ... and a request refused for a passing reason, nothing of it applied (docs/PROTOCOL.md)
 RETRY: Final = "retry:"
+#: ... and a write refused for the server's memory budget (docs/PROTOCOL.md)
+FULL: Final = "full:"
 
 
 class TooLarge(ServerError):

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from tidal.server.storage.backends import open_storage
 from tidal.server.storage.interface import Storage, is_url
 from tidal.server.storage.sqlite.dblock import DatabaseLock
 
+from . import host
 from .config import Config, redact
 from .errors import ProtectedMode, StartupError
 from .metrics import Metrics
@@ -206,13 +208,14 @@ class Server:
             heartbeat=config.feed_heartbeat,
             rewrite_chunk=config.rewrite_chunk,
             owners=None if self._node is None else self._node.owners,
+            memory_budget=(host.budget_bytes(config.memory_budget), config.memory_budget),
         )
         _settle_gc()
         done = time.perf_counter()
         log.info(
             "loaded %s in %.3fs (%.3fs reading it, %.3fs building memory): %d leave records,"
             " %d cohorts, next seq %d, %d ledger rows replayed past the aggregates checkpoint,"
-            " %d aggregates ranked",
+            " %d aggregates ranked (%s; the memory budget: %s)",
             self._storage.location,
             done - began,
             read - began,
@@ -222,6 +225,10 @@ class Server:
             snapshot.next_seq,
             len(snapshot.ledger_tail),
             engine.board.tallies,
+            f"{engine.budget.used() / 2**20:.1f} MiB",
+            "none"
+            if engine.budget.limit == sys.maxsize
+            else f"{engine.budget.limit / 2**20:.1f} MiB",
         )
         return engine
 

@@ -21,6 +21,7 @@ from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.windows import parse_half_life
 
 from .errors import BadSettings
+from .host import parse_size
 
 Durability = Literal["full", "normal"]
 LEVELS = ("debug", "info", "warning", "error")
@@ -42,7 +43,8 @@ def duration(text: str) -> float:
 def _setting(default: Any, text: str, *, kind: str = "", choices: tuple[str, ...] = ()) -> Any:
     """A field that is also a flag and an environment variable. ``kind``: "port" (0..65535),
     "switch" (a flag without a value; the variable is set to anything but "" or "0"),
-    "secret" (given by the token options, never echoed), "duration" (``duration``)."""
+    "secret" (given by the token options, never echoed), "duration" (``duration``),
+    "size" (``host.parse_size``)."""
     return field(default=default, metadata={"help": text, "kind": kind, "choices": choices})
 
 
@@ -161,6 +163,13 @@ class Config:
         "rows of a purged or erased user rewritten per commit, once the purge or erase has"
         " taken effect: fewer hold each commit less, and take more commits",
     )
+    memory_budget: str = _setting(
+        "60%",
+        "memory the aggregates may take (512M, 2G, or a share of the machine's memory or of"
+        " its cgroup's limit, whichever is less); past it, writes that would create"
+        " aggregates get error 2 'full:', and everything else goes on. 0: no budget",
+        kind="size",
+    )
     trend_half_lives: str = _setting(
         "6h",
         "the half-lives top may rank trends by, comma-separated (30m, 6h, 1d); each"
@@ -213,6 +222,10 @@ class Config:
             self.half_lives()
         except ValueError as exc:
             rules.append((False, f"trend_half_lives: {exc}"))
+        try:
+            parse_size(self.memory_budget)
+        except ValueError as exc:
+            rules.append((False, f"memory_budget: {exc}"))
         for f in fields(self):
             choices = f.metadata["choices"]
             if choices and getattr(self, f.name) not in choices:

@@ -42,6 +42,13 @@ class Unavailable(RequestError):
     code = ErrorCode.UNAVAILABLE
 
 
+class Full(RequestError):
+    """A write that would create aggregates past the memory budget (``core.budget``):
+    nothing of it was applied. Its message begins ``full:``."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
 class Moved(RequestError):
     """Cluster mode: the user's partition is served by another node (its address ends the
     message), or by none right now ("unknown"). Nothing was applied."""

@@ -35,6 +35,15 @@ class Feed(Protocol):
     def __len__(self) -> int: ...
 
 
+class Budget(Protocol):
+    limit: int
+    refused: int
+
+    def used(self) -> int: ...
+
+    def full(self) -> bool: ...
+
+
 class Engine(Protocol):
     """The engine, as the metrics read it: a shape, as the engine imports the metrics."""
 
@@ -55,6 +64,12 @@ class Engine(Protocol):
 
     @property
     def feed(self) -> Feed: ...
+
+    @property
+    def tallies(self) -> int: ...  # aggregates held on the board
+
+    @property
+    def budget(self) -> Budget: ...
 
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -174,6 +189,31 @@ class _Collector(Collector):
         yield _histogram("tidal_commit_batch_size", "Writes per group commit.", m.batch_size)
         yield _histogram("tidal_commit_seconds", "Duration of a group commit.", m.commit_seconds)
         yield GaugeMetricFamily("tidal_connections", "Open connections.", value=m.connections())
+        budget = engine.budget if engine else None
+        yield GaugeMetricFamily(
+            "tidal_aggregates", "Aggregates held in memory.", value=engine.tallies if engine else 0
+        )
+        yield GaugeMetricFamily(
+            "tidal_aggregates_bytes",
+            "Memory the aggregates take, as the memory budget counts it.",
+            value=budget.used() if budget else 0,
+        )
+        yield GaugeMetricFamily(
+            "tidal_memory_budget_bytes",
+            "The memory budget of the aggregates (--memory-budget); 0: no budget.",
+            value=budget.limit if budget and budget.limit < 2**62 else 0,
+        )
+        yield GaugeMetricFamily(
+            "tidal_memory_full",
+            "1 while less than 1% of the memory budget is left: writes that would create"
+            " aggregates are refused.",
+            value=int(budget.full()) if budget else 0,
+        )
+        yield _counter(
+            "tidal_writes_refused_full",
+            "Writes refused for the memory budget (error 2 'full:').",
+            budget.refused if budget else 0,
+        )
         users_left = len(engine.members) if engine else 0
         yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
         feed = engine.feed if engine else None

@@ -42,7 +42,7 @@ async def test_a_healthy_server_says_ok_everywhere(db_path: Path) -> None:
     await server.start()
     try:
         async with await Client.connect(*server.address) as c:
-            assert await c.health() == {"status": "ok", "storage": "ok"}
+            assert await c.health() == {"status": "ok", "storage": "ok", "memory": "ok"}
             assert (await c.stats())["version"] == version("tidal")  # from the package
         done = await asyncio.to_thread(health_cli, server.address[1])
         assert done.returncode == 0 and done.stdout == "ok\n", done.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -16,9 +15,10 @@ import pytest
 
 from tidal.client import Signal, Tally, Unavailable
 from tidal.server.core.ledger import COMMUNITY
-from tidal.testing.postgres import Cluster, free_port
+from tidal.testing.postgres import Cluster
 
 from .conftest import Database, ServerProcess
+from .relay import Relay
 from .test_postgres import cli
 
 
@@ -155,79 +155,6 @@ async def test_a_tidal_per_schema_of_one_database(pg_cluster: Cluster, database:
 # -- a network that goes silent --------------------------------------------------------
 
 
-class Relay:
-    """A TCP relay to PostgreSQL on a port of its own, whose packets the kernel can be told
-    to drop (iptables): a network that goes silent, as a host's power loss or a partition
-    looks, with no reset and no FIN. Or it stops passing bytes on, holding them, while both
-    of its connections stay up (``mute``): a hung pgbouncer, HAProxy or load balancer."""
-
-    def __init__(self, target_port: int) -> None:
-        self.port = free_port()
-        self.target = target_port
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.silent = False
-        self.flowing = asyncio.Event()
-        self.flowing.set()
-        self.mute_on: bytes | None = None  # mute as these bytes go by towards the database
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
-            with contextlib.suppress(OSError):
-                while data := await src.read(65536):
-                    if up and self.mute_on is not None and self.mute_on in data:
-                        self.mute_on = None
-                        self.flowing.clear()
-                    await self.flowing.wait()
-                    dst.write(data)
-                    await dst.drain()
-            dst.close()
-
-        for task in (pipe(reader, up_writer, True), pipe(up_reader, writer, False)):
-            t = asyncio.create_task(task)
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
-
-    def _rules(self, action: str) -> None:
-        for match in (["--dport", str(self.port)], ["--sport", str(self.port)]):
-            done = subprocess.run(
-                ["iptables", action, "INPUT", "-i", "lo", "-p", "tcp", *match, "-j", "DROP"],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
-            if done.returncode != 0:
-                pytest.fail(f"this test drops packets with iptables, as root: {done.stderr}")
-
-    def go_silent(self) -> None:
-        self._rules("-A")
-        self.silent = True
-
-    def speak(self) -> None:
-        if self.silent:
-            self._rules("-D")
-            self.silent = False
-
-    def mute(self, on: bytes) -> None:
-        """Stop passing bytes on, in both directions, from the first that hold ``on``."""
-        self.mute_on = on
-
-    def unmute(self) -> None:
-        self.mute_on = None
-        self.flowing.set()
-
-    async def close(self) -> None:
-        self.unmute()
-        self.speak()
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-
-
 @pytest.fixture
 async def relay(pg_cluster: Cluster) -> AsyncIterator[Relay]:
     r = Relay(pg_cluster.port)
@@ -320,4 +247,40 @@ async def test_a_proxy_gone_silent_at_commit_is_noticed_and_the_commit_settled(
     log = b"".join(process.log).decode()
     assert "the COMMIT held" in log or "the COMMIT did not hold" in log, log[-2000:]
     assert "the path to the database is silent" in log
+    assert await process.stop() == 0
+
+
+async def test_a_leave_with_purge_whose_commit_was_cut_off_is_not_told_nothing_was_saved(
+    database: Database, relay: Relay
+) -> None:
+    """A leave with purge in the batch whose COMMIT the proxy swallowed, its purge waiting
+    for an earlier one's: it is answered within seconds, not once the path speaks again
+    (it waited for as long as the path stayed silent), and its answer says the outcome is
+    unknown, never that nothing was saved (the checker's silent relay found a leave in the
+    history after such an answer)."""
+    url = database.target.replace(f":{relay.target}/", f":{relay.port}/")
+    process = await ServerProcess(url, "--shutdown-timeout", "20").start()
+    async with await process.connect_with(reconnect=0) as c:
+        await c.signal(5, "e", "view", communities=["c"])
+        relay.mute(b"COMMIT")
+        with within(10, "error 2 to both"):  # pipelined: the leave's purge waits for the purge
+            replies: list[object] = await asyncio.gather(
+                c.call("purge", 5, timeout=30),
+                c.call("leave", 5, {"purge": True}, timeout=30),
+                return_exceptions=True,
+            )
+        purged, left = replies
+        assert isinstance(purged, Unavailable) and isinstance(left, Unavailable), (purged, left)
+        assert "whether this request was saved is unknown" in str(left), left
+        relay.unmute()
+        for _ in range(100):  # back by itself, with no restart (a schedule: its backoff)
+            with contextlib.suppress(Unavailable):
+                await c.call("signal", 6, "e", "view", timeout=30)
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("writes never came back")
+        status = (await c.status(5)).status
+        events = [line.event for line in await c.history(5)]
+        assert events[:1] == (["leave"] if status == "left" else []), (status, events)
     assert await process.stop() == 0

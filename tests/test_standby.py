@@ -24,7 +24,7 @@ from tidal.testing.postgres import Cluster
 
 from .conftest import Database, ServerProcess
 from .load import Progress, Writer, check_everything_acknowledged_is_there
-from .test_pg_wedge import Relay
+from .relay import Relay
 
 T = TypeVar("T")
 pytestmark = [pytest.mark.parametrize("backend", ["postgresql"]), pytest.mark.timeout(180)]

@@ -92,6 +92,7 @@ class Batch:
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to
+    growth: int = 0  # aggregates it may create, at most: the budget's ``pending``
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0

@@ -63,9 +63,14 @@ class Steps(Protocol):
     def committed(self, batch: Batch) -> None:
         """``batch`` is durable: take in what it changed."""
 
-    def failed(self, batch: Batch, later: Batch) -> None:
+    def failed(self, batch: Batch, later: Batch, unknown: bool = False) -> None:
         """``batch`` and ``later``, the open one built on it, were refused (their undo
-        already ran)."""
+        already ran). ``unknown``: ``batch``'s COMMIT was cut off, and whether it held could
+        not be found out: what was written in it may be saved."""
+
+    def unknown(self, batch: Batch, message: str) -> None:
+        """``batch``'s COMMIT was cut off, and its outcome is still being found out: what
+        waits on it (a purge read while it was open) is told ``message`` now."""
 
 
 class Committer:
@@ -253,6 +258,7 @@ class Committer:
                     message = f"storage unavailable: {unknown}; {UNKNOWN_SAVED}"
                     refuse((batch,), message)
                     batch.replies.clear()  # answered: the outcome only changes memory now
+                    self._steps.unknown(batch, message)
                 await settle
             except asyncio.CancelledError:
                 settle.cancel()
@@ -316,7 +322,7 @@ class Committer:
             for change in reversed(failed.undo):
                 change.undo()
         self.open = Batch(batch.first_seq)
-        self._steps.failed(batch, later)
+        self._steps.failed(batch, later, exc.outcome_unknown)
         if exc.refusal is not None:  # the database is fine: only these writes are refused
             _refusals("refusal", logging.INFO, "%s", exc)
             self.stale()

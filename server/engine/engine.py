@@ -18,16 +18,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
 from tidal.protocol.partitions import HASH
-from tidal.server.core import chunks, ledger, params, restore, userrows
+from tidal.server.core import budget, chunks, ledger, params, restore, userrows
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
-from tidal.server.core.board import Board
+from tidal.server.core.board import Board, Key
+from tidal.server.core.budget import Budget
 from tidal.server.core.chunks import Shelf
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
@@ -86,6 +87,7 @@ class Engine:
         heartbeat: float = 5.0,
         rewrite_chunk: int = REWRITE_CHUNK,
         owners: Owners | None = None,
+        memory_budget: tuple[int, str] = (0, ""),
     ) -> None:
         self.storage = storage
         self.owners = owners
@@ -103,6 +105,7 @@ class Engine:
         )
         on_disk = snapshot.board
         self.board = Board(on_disk.decay, clock())
+        self.budget = Budget(self.board, *memory_budget)  # bytes (0: none), as set
         self.shelf = Shelf()
         cohort_ids = set(self.cohorts.names())
         restore.rebuild(self.board, self.shelf, on_disk, snapshot.ledger_tail, cohort_ids)
@@ -173,6 +176,11 @@ class Engine:
             for method in ("counts", "top", "cohorts"):
                 self._methods[method] = self.replica.synced(method, self._methods[method])
 
+    @property
+    def tallies(self) -> int:
+        """Aggregates held (the metrics read it from their own thread)."""
+        return self.board.tallies
+
     def start(self) -> None:
         self.committer.start()
         self.retention.start()
@@ -224,6 +232,9 @@ class Engine:
         now = self._clock()
         if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
             _ahead("context.at_ns", s.at_ns, now)
+        # at most, then exactly: near the budget
+        if budget.most(1, 1 + len(s.communities) + len(self.cohorts)) > self.budget.room():
+            self._room((s,), None, now)
         seq, forwarded = self._record(batch, s, now)
         self.committer.ack(conn, msgid, {"seq": seq, "forwarded": forwarded})
 
@@ -238,7 +249,13 @@ class Engine:
                 _ahead(f"signals[{i}].context.at_ns", s.at_ns, now)
         record = self._record
         first_seq = self._next_seq
+        n, room = len(signals), self.budget.room()
         if not self.cohorts:  # fan-out is the communities named, bounded by params
+            # at most, then exactly: near the budget
+            if budget.most(n, n + MAX_FANOUT) > room and (
+                budget.most(n, n + sum(len(s.communities) for s in signals)) > room
+            ):
+                self._room(signals, None, now)
             acks = [record(batch, s, now) for s in signals]
         else:
             # matched first, to bound the request's fan-out before any of it is applied
@@ -252,6 +269,8 @@ class Engine:
                     f" cohorts matched, per signal); at most {MAX_FANOUT} per request: send"
                     " fewer signals per batch"
                 )
+            if budget.most(n, n + fanout) > room:
+                self._room(signals, matched, now)
             acks = [record(batch, s, now, m) for s, m in zip(signals, matched, strict=True)]
         if compact:
             self.committer.ack(conn, msgid, compact_acks(acks, first_seq))
@@ -274,13 +293,20 @@ class Engine:
         if forwarded:
             cohorts = matched if matched is not None else self.cohorts.match(attrs)
             batch.forwarded += 1
-            batch.fanout += len(cohorts) + len(communities)
+            fanout = len(cohorts) + len(communities)
+            batch.fanout += fanout
+            grows = budget.most(1, fanout + 1)
+            batch.growth += grows
+            self.budget.pending += grows
             batch.board.append(
                 (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, cohorts,
                  communities, True)
             )  # fmt: skip
         else:
             cohorts = ()
+            grows = budget.most(1, 1)  # the ledger's aggregate only
+            batch.growth += grows
+            self.budget.pending += grows
             batch.board.append(
                 (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, (), (), True)
             )
@@ -295,6 +321,24 @@ class Engine:
         batch.signals += 1
         batch.writes += 1
         return seq, forwarded
+
+    def _room(
+        self, signals: Sequence[SignalArgs], matched: list[tuple[int, ...]] | None, now_ns: int
+    ) -> None:
+        """Near the memory budget: a request that would create aggregates past it is
+        refused whole. The aggregates each signal reaches, as ``_record`` will fan it out
+        (a retry of a key already acknowledged reaches none: it is answered as before)."""
+        is_left, seen = self.members.is_left, self.keys.seen
+        reached: list[tuple[str, str, tuple[Key, ...]]] = []
+        for i, s in enumerate(signals):
+            if s.key is not None and seen(s.key, now_ns, s.user_id) is not None:
+                continue
+            if is_left(s.user_id):
+                reached.append((s.entity, s.kind, (None,)))
+                continue
+            cohorts = matched[i] if matched is not None else self.cohorts.match(s.attrs)
+            reached.append((s.entity, s.kind, (None, *cohorts, *s.communities)))
+        self.budget.check(reached)
 
     # -- around each commit (the committer's Steps) -----------------------
 
@@ -355,6 +399,8 @@ class Engine:
             self.user_rows.committed(batch)
         else:  # cluster mode: no user blocks yet (``prepare``), so no tail to keep
             self.replica.committed(batch)
+        self.budget.pending -= batch.growth  # on the board now, or (cluster) on its way
+        batch.growth = 0
         self.aggregates.signals_committed(batch.signals)
         self.ledger_rows += batch.signals - batch.retired
         self.ledger_rows -= sum(w.signals for w in batch.past if w.erase)  # gone from now on
@@ -381,12 +427,17 @@ class Engine:
         if batch.cohorts:
             board.keep_cohorts(set(self.cohorts.names()))
 
-    def failed(self, batch: Batch, later: Batch) -> None:
+    def failed(self, batch: Batch, later: Batch, unknown: bool = False) -> None:
+        self.budget.pending -= batch.growth + later.growth  # never to reach the board
+        batch.growth = later.growth = 0
         if batch.board_changed is not None:
             self.board.put_back(batch.board_changed)
         self._next_seq = max(batch.first_seq, self._seq_floor)
         self.feed.failed(batch, later)
-        self.past.failed((batch, later))
+        self.past.failed((batch, later), unknown)
+
+    def unknown(self, batch: Batch, message: str) -> None:
+        self.past.unknown(batch, message)
 
     # -- cluster mode -----------------------------------------------------
 

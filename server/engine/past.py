@@ -29,7 +29,7 @@ from tidal.server.core.batch import Batch
 from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
 from tidal.server.core.past import Withdrawal
-from tidal.server.core.replies import Later, Refusal, Replier
+from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Refusal, Replier
 from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
 from tidal.server.core.userrows import UserRows
 from tidal.server.errors import RequestError, StorageFailure, Unavailable
@@ -190,14 +190,30 @@ class Past:
                 )  # fmt: skip
         self._settle(batch)
 
-    def failed(self, batches: tuple[Batch, ...]) -> None:
-        """``batches`` were refused: so is every withdrawal asked for while they were open."""
-        message = "storage unavailable: the batch this request was read in was refused"
+    def failed(self, batches: tuple[Batch, ...], unknown: bool = False) -> None:
+        """``batches`` were refused: so is every withdrawal asked for while they were open.
+        What one wrote as it was read (a leave) went with its batch: not saved, or, if that
+        batch (the first) had its COMMIT cut off and never settled (``unknown``), perhaps
+        saved."""
+        refused = "storage unavailable: the batch this request was read in was refused"
         for a in [a for a in self._asked if a.asked_in in batches]:
             self._asked.remove(a)
-            self._refuse(a, message)
+            if a.saved and unknown and a.asked_in is batches[0]:
+                self._refuse(a, f"{refused}, its COMMIT cut off; {UNKNOWN_SAVED}")
+            else:
+                self._refuse(a, f"{refused}; {NOTHING_SAVED}")
         for batch in batches:
             self._settle(batch)
+
+    def unknown(self, batch: Batch, message: str) -> None:
+        """``batch``'s COMMIT was cut off and its outcome is not known yet (the path to the
+        database is silent): a withdrawal read while it was open waits for no outcome but
+        is refused now with ``message``; what it wrote as it was read (a leave) went with
+        ``batch``, perhaps saved. It never joined a batch: an erase's keys count again."""
+        for a in [a for a in self._asked if a.asked_in is batch]:
+            self._asked.remove(a)
+            self._unerasing(a.w)
+            self._refuse(a, message)
 
     def _settle(self, batch: Batch) -> None:
         for w in batch.past:

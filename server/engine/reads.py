@@ -137,6 +137,10 @@ class Reads:
             "storage": self.health()["storage"],
             "subscribers": len(self._engine.feed),
             "last_event_id": self._engine.feed.last_id,
+            "aggregates": self._engine.board.tallies,
+            "aggregates_bytes": self._engine.budget.used(),
+            "memory_budget": self._engine.budget.limit if self._engine.budget.limit < 2**62 else 0,
+            "writes_refused_full": self._engine.budget.refused,
         }
         self._engine.committer.answer(conn, msgid, stats)
 
@@ -164,6 +168,15 @@ class Reads:
         committer.later(conn, msgid, HealthCheck(self.health))
 
     def health(self) -> dict[str, Any]:
+        """Storage's state, and the memory budget's: ``memory`` is ``full`` once writes
+        that would create aggregates are refused. That alone leaves ``status`` as it is:
+        the server still serves, and a restart would load the same aggregates."""
+        out = self._storage_health()
+        engine = self._engine
+        out["memory"] = "full" if engine.budget.full() else "ok"
+        return out
+
+    def _storage_health(self) -> dict[str, Any]:
         committer = self._engine.committer
         failed, full = committer.failed, committer.full
         if failed is not None:

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from tidal.server.core.aggregates import Aggregates
 from tidal.server.core.board import Board
+from tidal.server.core.budget import Budget
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
@@ -34,6 +35,7 @@ class EngineState(Protocol):
     keys: Keys
     aggregates: Aggregates
     board: Board  # what is committed, for ranked and windowed reads
+    budget: Budget  # how much memory the board may take
     #: what a reply may take, after its envelope
     reply_budget: int
     #: since boot: signals committed, and of those, forwarded

@@ -1,0 +1,100 @@
+"""The memory budget: how much memory the board's aggregates may take (``--memory-budget``).
+
+Aggregates are what grows with data in memory: one per (layer, key, kind, entity) a
+signal reaches, about ``TALLY_BYTES`` each, and ``ENTITY_BYTES`` per entity for its
+index (docs/DESIGN.md, "Memory"). One
+request can ask for 250,000 of them, so the budget is checked before a write is
+applied, as Redis checks ``maxmemory`` before a command: a process that grew until
+the kernel's OOM killer ended it would take every client's writes in flight with it.
+
+Past the budget, a write that would create aggregates is refused whole (error 2,
+``full:``); writes that only add to aggregates already held, reads, leaves, rejoins,
+purges and erasures go on, and a purge or an erasure makes room. ``pending`` counts
+what the batches not yet on the board may add, at most: a write is judged against
+what is held and what is on its way, so a burst of pipelined requests cannot pass it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Final
+
+from tidal.server.errors import Full
+
+from .board import Board, Key
+
+#: resident bytes, as measured (docs/DESIGN.md, "Memory"; tests/test_memory_budget.py
+#: checks them): per aggregate, its tally with its counts, windows and one trend, and
+#: its entry in its scope and its entity's index; per entity, the index's maps
+TALLY_BYTES: Final = 544
+ENTITY_BYTES: Final = 640
+
+
+def used(board: Board) -> int:
+    """What the board takes, in bytes, as the budget counts it."""
+    return board.tallies * TALLY_BYTES + len(board.by_entity) * ENTITY_BYTES
+
+
+class Budget:
+    """The board may not take more than ``limit`` bytes; ``setting`` is how the operator
+    said it."""
+
+    __slots__ = ("board", "limit", "pending", "refused", "setting")
+
+    def __init__(self, board: Board, budget_bytes: int, setting: str = "") -> None:
+        self.board = board
+        self.limit = budget_bytes or sys.maxsize  # 0: no budget
+        self.setting = setting or f"{budget_bytes} bytes"
+        #: bytes the batches read but not yet on the board may add, at most
+        self.pending = 0
+        self.refused = 0  # writes refused, since start
+
+    def used(self) -> int:
+        return used(self.board)
+
+    def room(self) -> int:
+        """Bytes left, once the batches on their way are on the board."""
+        return self.limit - self.pending - used(self.board)
+
+    def full(self) -> bool:
+        """Less than 1% of the budget is left: what ``health`` and the metrics call full
+        (a write refused for wanting more than is left says so itself)."""
+        return self.room() <= self.limit // 100
+
+    def check(self, reached: Iterable[tuple[str, str, tuple[Key, ...]]]) -> None:
+        """Refuse a write whose signals reach these (entity, kind, keys), if the aggregates
+        it would create do not fit."""
+        tallies, entities = creating(self.board, reached)
+        new = tallies * TALLY_BYTES + entities * ENTITY_BYTES
+        held = used(self.board) + self.pending
+        if new and held + new > self.limit:
+            self.refused += 1
+            raise Full(
+                f"full: this write would pass the memory budget (--memory-budget"
+                f" {self.setting}, {_mib(self.limit)}): aggregates take {_mib(held)} of it,"
+                f" and it would create {tallies} more ({_mib(new)}). Nothing of it was"
+                " applied. Writes to aggregates already held, reads, leaves, rejoins, purges"
+                " and erasures go on; purge or erase to make room, or raise the budget"
+            )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def creating(board: Board, reached: Iterable[tuple[str, str, tuple[Key, ...]]]) -> tuple[int, int]:
+    """How many aggregates, and entities, signals reaching these (entity, kind, keys)
+    would add to the board: those it does not hold, each once (``Board.add`` keys them
+    so)."""
+    index = board.by_entity
+    new: set[tuple[str, str, Key]] = set()
+    for entity, kind, keys in reached:
+        held = index.get(entity, {}).get(kind, {})
+        new.update((entity, kind, key) for key in keys if key not in held)
+    return len(new), len({entity for entity, _, _ in new if entity not in index})
+
+
+def most(signals: int, slots: int) -> int:
+    """The bytes that ``signals`` reaching ``slots`` aggregates in all may add, at most."""
+    return slots * TALLY_BYTES + signals * ENTITY_BYTES

@@ -1,0 +1,144 @@
+"""The memory budget (``--memory-budget``): the aggregates the board keeps in memory are
+bounded, a write that would pass the bound is refused whole with error 2 ``full:``, and
+everything else goes on. Before it, 15 requests of 200 signals with 1,000 cohorts {}
+and 64 communities each grew the server by 1.75 GB, and a few more had the kernel's OOM
+killer end it with every client's writes in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidal.client import Client, Signal
+from tidal.client.errors import Unavailable
+from tidal.server.core.budget import ENTITY_BYTES, TALLY_BYTES
+
+from .conftest import Database, ServerProcess
+from .test_hostile import rss_kib
+
+pytestmark = pytest.mark.both_backends
+
+COHORTS = 20
+COMMUNITIES = [f"m{j}" for j in range(10)]
+BUDGET = 40 * 2**20
+
+
+def wide(r: int, i: int, user: int) -> Signal:
+    """A signal on an entity of its own, reaching 31 aggregates (ledger, 20 cohorts and
+    10 communities)."""
+    return Signal(user, f"e{r}.{i}", "v", communities=COMMUNITIES)
+
+
+async def test_past_the_budget_only_writes_creating_aggregates_are_refused(
+    database: Database,
+) -> None:
+    proc = await ServerProcess(database.target, "--memory-budget", "40M").start()
+    assert proc.proc is not None
+    try:
+        async with await proc.connect() as client:
+            for c in range(COHORTS):
+                assert await client.define_cohort(f"all{c}", {})
+            first = await client.signal(1, "e0.0", "v", communities=COMMUNITIES, key="k-first")
+            acked = 1
+            before = rss_kib(proc.proc.pid)
+            refusal: Unavailable | None = None
+            for r in range(1, 60):  # 100 signals of 16.1 KiB each a request: 25 fit
+                try:
+                    await client.signal_batch([wide(r, i, 1000 + i) for i in range(100)])
+                except Unavailable as exc:
+                    refusal = exc
+                    break
+                acked += 100
+            assert refusal is not None, "the budget never refused a write"
+            assert refusal.full and "--memory-budget 40M" in refusal.message, refusal.message
+            assert 20 <= (acked - 1) // 100 <= 25, f"refused after {acked} signals"
+            grown = rss_kib(proc.proc.pid) * 1024 - before * 1024
+            assert grown < BUDGET * 1.25, f"the server grew {grown} bytes on a 40M budget"
+
+            # smaller writes fill what is left, to under 1%: health and stats say so
+            small = 0  # user 2's
+            for i in range(400):
+                try:
+                    await client.signal(2, f"small{i}", "v")
+                except Unavailable as exc:
+                    refusal = exc
+                    break
+                small += 1
+            else:
+                pytest.fail("400 small writes of new entities all fit in what was left")
+            assert refusal.full, refusal.message
+            health = await client.health()
+            assert health["status"] == "ok" and health["memory"] == "full", health
+            stats = await client.stats()
+            assert stats["writes_refused_full"] >= 2, stats
+            assert stats["aggregates_bytes"] <= stats["memory_budget"] == BUDGET, stats
+
+            # what only adds to aggregates held goes on, a left user's signal included, and
+            # a retry of an acknowledged key gets its first answer, not a refusal
+            await client.signal(3, "e1.0", "v", communities=COMMUNITIES)
+            assert (await client.leave(4)).left
+            assert (await client.signal(4, "e1.1", "v")).forwarded is False
+            again = await client.signal(5, "brand-new", "v", key="k-first")
+            assert again.seq == first.seq
+            acked += 2
+            with pytest.raises(Unavailable) as new:
+                await client.signal(6, "brand-new", "v")
+            assert new.value.full
+            # reads and the rest of the writes
+            counts = await client.counts("e1.0")
+            assert counts.ledger["v"].count == 2 and counts.communities["m3"]["v"].count == 2
+            assert counts.cohorts["all0"]["v"].count == 2
+            assert (await client.top("community", "m0", "v", limit=1)).entities[0].count == 2
+            assert not (await client.rejoin(4)).left
+            # a purge withdraws from cohorts and communities, and makes room
+            for i in range(100):
+                await client.purge(1000 + i)
+            health = await client.health()
+            assert health["memory"] == "ok", health
+            await client.signal(6, "brand-new", "v", communities=COMMUNITIES)
+            acked += 1 + small
+            assert (await client.erase(2)).signals == small > 0
+            stats = await client.stats()
+            assert stats["signals"] == acked, stats
+        # nothing acknowledged is lost: all of it is in the ledger after a restart
+        await proc.stop()
+        await proc.start()
+        async with await proc.connect() as client:
+            stats = await client.stats()
+            assert stats["ledger_rows"] == acked - small, stats
+            counts = await client.counts("e1.0")
+            assert counts.ledger["v"].count == 2 and counts.cohorts["all0"]["v"].count == 1
+    finally:
+        await proc.stop()
+
+
+@pytest.mark.parametrize(("per_entity", "entities"), [(1, 60_000), (31, 4_000)])
+async def test_the_budget_counts_no_less_than_the_aggregates_take(
+    db_path: Path, per_entity: int, entities: int
+) -> None:
+    """``TALLY_BYTES`` and ``ENTITY_BYTES`` are what the server grows by, or a little more:
+    a budget that undercounted would let it pass the memory it was given."""
+    proc = await ServerProcess(db_path, "--memory-budget", "0").start()
+    assert proc.proc is not None
+    try:
+        async with await Client.connect("127.0.0.1", proc.port, timeout=10) as client:
+            for c in range(COHORTS if per_entity > 1 else 0):
+                await client.define_cohort(f"all{c}", {})
+            communities = COMMUNITIES if per_entity > 1 else []
+            before = rss_kib(proc.proc.pid) * 1024
+            for r in range(0, entities, 1000):
+                await client.signal_batch(
+                    [Signal(i, f"e{r + i}", "v", communities=communities) for i in range(1000)]
+                )
+            grown = rss_kib(proc.proc.pid) * 1024 - before
+            stats = await client.stats()
+        assert stats["aggregates"] == per_entity * entities
+        counted = stats["aggregates_bytes"]
+        assert counted == entities * (per_entity * TALLY_BYTES + ENTITY_BYTES)
+        assert 0.7 * counted <= grown <= counted, (
+            f"{per_entity} aggregates per entity: the server grew {grown / entities:.0f} bytes"
+            f" per entity, the budget counts {counted / entities:.0f}"
+        )
+    finally:
+        await proc.stop()
