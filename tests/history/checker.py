@@ -6,7 +6,8 @@ It holds the server to what it acknowledged, and to nothing it did not:
   erased one is gone; no row is there that no sent signal explains;
 - a Left user's signals are gated, an Active user's are not;
 - ``counts`` (every window), ``top`` (every layer, kind, order and window, all pages) and
-  ``stats.ledger_rows`` equal a recompute from ``ledger_counted``;
+  ``stats.ledger_rows`` equal a recompute from ``ledger_counted``, and the aggregates
+  stay within the memory budget (writes refused ``full:`` must have left no trace);
 - ``status``, ``history`` and the change feed from 0 match the acknowledged leaves,
   rejoins, purges and erasures, and the feed's ids are gap-free.
 """
@@ -237,6 +238,11 @@ class Checker:
             self.wrong(
                 0, f"stats.ledger_rows {stats['ledger_rows']}, ledger_counted holds {len(rows)}"
             )
+        if stats["memory_budget"] and stats["aggregates_bytes"] > stats["memory_budget"]:
+            self.wrong(
+                0, f"the aggregates take {stats['aggregates_bytes']} bytes, past the memory"
+                f" budget of {stats['memory_budget']}"
+            )  # fmt: skip
         for window in ("all", *model.WINDOWS):
             before = time.time_ns()
             got = {e: await self.client.call("counts", e, {"window": window}) for e in ENTITIES}
@@ -291,7 +297,7 @@ class Checker:
             if expected is not None and status != expected:
                 self.wrong(0, f"user {user} is {status}, the history says {expected}")
             lines = await self.client.call("history", user, 1000)
-            self.events(user, Counter(line["event"] for line in lines), "history")
+            self.events(user, Counter(line["event"] for line in lines), "history", lines)
             at = {(line["event"], line["at_ns"]): line for line in lines}
             for op in self.history.by_user.get(user, []):
                 if op.outcome != "ok" or op.method not in ("leave", "rejoin", "purge", "erase"):
@@ -306,7 +312,8 @@ class Checker:
                         f"history of {user} says {at[(event, when)]} for {op.describe()}",
                     )
 
-    def events(self, user: int, got: Counter[str], where: str) -> None:
+    def events(self, user: int, got: Counter[str], where: str,
+               lines: list[dict[str, Any]] | None = None) -> None:  # fmt: skip
         """Each kind of event of ``user``: at least those acknowledged, at most those sent."""
         sure: Counter[str] = Counter()
         maybe: Counter[str] = Counter()
@@ -325,7 +332,11 @@ class Checker:
                 self.wrong(
                     0,
                     f"{where} of user {user}: {got[kind]} {kind}, acknowledged {sure[kind]},"
-                    f" sent {maybe[kind]}" + self.story(user, None),
+                    f" sent {maybe[kind]}"
+                    + self.story(user, None)
+                    + "".join(
+                        f"\n    line {line}" for line in lines or () if line["event"] == kind
+                    ),
                 )
 
     async def feed(self) -> None:

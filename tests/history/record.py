@@ -56,9 +56,11 @@ class Op:
     def describe(self) -> str:
         params = repr(self.params)
         params = params if len(params) < 200 else params[:200] + "..."
+        reply = repr(self.reply)  # an error's words in full: they say what was saved
+        reply = reply if self.outcome == "fail" or len(reply) < 160 else reply[:160] + "..."
         return (
             f"#{self.index} c{self.client} {self.method}{params} [{self.invoked:.3f}"
-            f"..{self.completed:.3f}] {self.outcome} {self.reply!r:.160}"
+            f"..{self.completed:.3f}] {self.outcome} {reply}"
         )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from tidal.client import Client
 from tidal.testing.postgres import Cluster
@@ -26,6 +27,8 @@ class Summary:
     operations: int
     acknowledged: int
     unknown: int
+    refused: int  # an error that says nothing was saved
+    full: int  # ... for the memory budget
     faults: int
     checks: int
     anomalies: int
@@ -34,7 +37,8 @@ class Summary:
     def __str__(self) -> str:
         return (
             f"history seed {self.seed}: {self.operations} operations ({self.acknowledged}"
-            f" acknowledged, {self.unknown} of unknown outcome), {self.faults} faults,"
+            f" acknowledged, {self.unknown} of unknown outcome, {self.refused} refused,"
+            f" {self.full} of them for the memory budget), {self.faults} faults,"
             f" {self.checks} checks, {self.anomalies} anomalies, {self.seconds:.0f} s"
         )
 
@@ -53,10 +57,11 @@ def kinds(anomalies: list[tuple[float, str]], most: int = 8) -> list[str]:
 
 
 async def run(database: Database, seed: int, faults: int, nemesis: list[str], *extra: str,
-              pg: Cluster | None = None, standby: bool = False) -> Summary:  # fmt: skip
+              pg: Cluster | None = None, standby: bool = False,
+              disk: Path | None = None) -> Summary:  # fmt: skip
     rng = random.Random(seed)
     history = History(seed)
-    target = Target(database, history, *extra, pg=pg, standby=standby)
+    target = Target(database, history, *extra, pg=pg, standby=standby, disk=disk)
     began = time.monotonic()
     load = Load(history, rng, target.port, target.up)
     checks = 0
@@ -82,12 +87,18 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
                     + "\n".join(f"  {text}" for text in kinds(anomalies))
                     + f"\naround it:\n  {story}"
                 )
+    except BaseException:
+        print(target.logs(), flush=True)  # shown with -s: what the servers said last
+        raise
     finally:
         await load.stop()
         await target.close()
     ops = history.ops
     return Summary(
         seed, len(ops), sum(op.outcome == "ok" for op in ops),
-        sum(op.outcome == "unknown" for op in ops), len(history.faults), checks, 0,
+        sum(op.outcome == "unknown" for op in ops),
+        sum(op.outcome == "fail" for op in ops),
+        sum(op.outcome == "fail" and " full: " in str(op.reply) for op in ops),
+        len(history.faults), checks, 0,
         time.monotonic() - began,
     )  # fmt: skip
