@@ -59,6 +59,9 @@ class Board:
         self.touched: set[tuple[int, int]] = set()
         self.vanished: list[Tally] = []
         self.tallies = 0
+        #: the scopes with orders kept (``ranking``), and when idle ones are next dropped
+        self.ordered: set[Scope] = set()
+        self.evict_ns = 0
 
     def scope(self, slot: Slot) -> Scope | None:
         return self.scopes.get(slot)
@@ -271,6 +274,14 @@ class Board:
                 self.mark(tally)
         self.touched |= changed.touched
         self.vanished[:0] = changed.vanished
+
+    def unordered(self, scope: Scope) -> None:
+        """``scope``'s last order was dropped: its changes are no longer tracked, and it
+        goes if nothing is left in it."""
+        self.ordered.discard(scope)
+        scope.dirty.clear()
+        if not scope.tallies and self.scopes.get(scope.slot) is scope:
+            del self.scopes[scope.slot]
 
     def keep_cohorts(self, ids: set[int]) -> None:
         """Cohorts dropped or redefined lose their tallies (an id is never used again)."""

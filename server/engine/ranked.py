@@ -5,12 +5,18 @@ unless it must show a write not yet committed: a purge or erase read before it
 (zero window: what it withdraws is never shown, from any connection), or the
 caller's own writes. Then it is answered once the open batch has committed, by
 which time the board has taken it in.
+
+A ``top`` whose order must first be built, or take in many changes, does that a
+slice per turn of the event loop (``ranking.prepare``): its reader waits, nobody
+else does. Its connection applies nothing it sent after it meanwhile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 from tidal.server.core import ranking
 from tidal.server.core.ledger import Slot
@@ -18,17 +24,65 @@ from tidal.server.core.replies import Later, Replier
 
 from .state import EngineState
 
+#: seconds a read's preparation leaves half the event loop to everyone else
+PACED: Final = 1.0
+
 
 class Ranked:
     def __init__(self, engine: EngineState, clock: Callable[[], int]) -> None:
         self._engine = engine
         self._clock = clock
+        #: orders being prepared, each with the reads waiting for it
+        self._preparing: dict[tuple[Slot, int, int], list[Callable[[], None]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def top(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         engine = self._engine
         names = {name: cid for cid, name in engine.cohorts.names().items()}
         request = ranking.top_request(args, names, engine.board.decay, engine.reply_budget)
-        self._answer(conn, msgid, lambda: self._top(request))
+        self._prepared(conn, request, lambda: self._answer(conn, msgid, lambda: self._top(request)))
+
+    def _prepared(self, conn: Replier, request: ranking.TopRequest,
+                  then: Callable[[], None]) -> None:  # fmt: skip
+        """``then``, once ``request``'s order needs little more work: now, or after the
+        slices ``ranking.prepare`` gives, one per turn of the loop."""
+        which = (request.slot, request.by, request.which)
+        waiting = self._preparing.get(which)
+        if waiting is None:
+            now = self._clock()
+            board = self._engine.board
+            ranking.evict(board, now)
+            steps = ranking.prepare(board, request.slot, request.by, request.which, now)
+            if steps is None:
+                then()
+                return
+            waiting = self._preparing[which] = []
+            task = asyncio.get_running_loop().create_task(self._prepare(which, steps))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        conn.hold(True)  # its later requests wait for this read
+
+        def go_on() -> None:
+            conn.hold(False)
+            then()
+
+        waiting.append(go_on)
+
+    async def _prepare(self, which: tuple[Slot, int, int], steps: Iterator[None]) -> None:
+        """Runs ``steps``, each followed by as long again for everyone else: for its first
+        ``PACED`` seconds a read takes at most half of the event loop (and of the GIL the
+        writer's thread needs). After that, it takes turns with everyone else's work
+        without pausing, so that it ends even while writers change its order as fast as
+        half the loop can move their changes in."""
+        try:
+            first = began = time.monotonic()
+            for _ in steps:
+                now = time.monotonic()
+                await asyncio.sleep(now - began if now - first < PACED else 0)
+                began = time.monotonic()
+        finally:
+            for go_on in self._preparing.pop(which):
+                go_on()
 
     def _top(self, request: ranking.TopRequest) -> dict[str, Any]:
         now = self._clock()

@@ -119,6 +119,7 @@ class Reads:
     def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "stats", "none", 0, 0)
         signals = self._engine.signals
+        kept, ranked = ranking.kept_orders(self._engine.board)
         stats = {
             "version": VERSION,
             "compiled": compiled(),
@@ -141,6 +142,8 @@ class Reads:
             "aggregates_bytes": self._engine.budget.used(),
             "memory_budget": self._engine.budget.limit if self._engine.budget.limit < 2**62 else 0,
             "writes_refused_full": self._engine.budget.refused,
+            "rankings_kept": kept,
+            "rankings_entities": ranked,
         }
         self._engine.committer.answer(conn, msgid, stats)
 

@@ -158,6 +158,15 @@ class Target:
         self.history.fault("disk has room again")
         await self._serves(self.serving)
 
+    async def settle(self) -> None:
+        """Before a check: who serves, as the processes say. Under load, the serving tidal
+        may have let the database go by itself (a COMMIT and a new session both unanswered
+        for seconds: judged a silent path, its session ended), and its standby taken it."""
+        if self.waiting is not None:
+            await self._settle_lock("its session ended by itself")
+        else:
+            await self._serves(self.serving)
+
     async def _settle_lock(self, why: str) -> None:
         """With its session gone (``why``), the standby may have taken the database: then the one
         that served stops writing, and is stopped here; a new standby goes behind."""

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidal.client import Client
+from tidal.client import Client, ConnectionLost
 from tidal.testing.postgres import Cluster
 
 from ..conftest import Database
@@ -41,6 +41,12 @@ class Summary:
             f" {self.full} of them for the memory budget), {self.faults} faults,"
             f" {self.checks} checks, {self.anomalies} anomalies, {self.seconds:.0f} s"
         )
+
+
+async def check(history: History, database: Database, target: Target) -> list[tuple[float, str]]:
+    await target.settle()
+    async with await Client.connect("127.0.0.1", target.port(), timeout=60) as c:
+        return await Checker(history, database, c).run()
 
 
 class Anomalies(AssertionError):
@@ -74,8 +80,10 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
             await fault(rng)
             await load.until(rng.randrange(0, 100))
             await load.stop()
-            async with await Client.connect("127.0.0.1", target.port(), timeout=60) as c:
-                anomalies = await Checker(history, database, c).run()
+            try:
+                anomalies = await check(history, database, target)
+            except ConnectionLost:  # its tidal let the database go meanwhile: as above
+                anomalies = await check(history, database, target)
             checks += 1
             if anomalies:
                 at, first = min(anomalies, key=lambda a: a[0] or float("inf"))
