@@ -8,7 +8,7 @@ import random
 import time
 
 from tidal.client import Signal
-from tidal.server.core import ranking
+from tidal.server.core import orders, ranking
 from tidal.server.core.board import Board
 from tidal.server.core.ledger import COMMUNITY
 from tidal.server.core.windows import HOUR_NS
@@ -33,10 +33,10 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
         return [entity for _, entity in pairs[:50]]
 
     def read(at: int) -> list[str]:
-        page = ranking.top(board, slot, ranking.WEIGHT, -1, 50, None, at)
+        page = ranking.top(board, slot, orders.WEIGHT, -1, 50, None, at)
         return [e["entity"] for e in page["entities"]]
 
-    steps = ranking.prepare(board, slot, ranking.WEIGHT, -1, now)
+    steps = orders.prepare(board, slot, orders.WEIGHT, -1, now)
     assert steps is not None, "a 10,000-entity order was built in one go"
     slices = 0
     for _ in steps:
@@ -45,17 +45,17 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
         board.add(
             [(f"e{slices * 977 % 10_000}", "view", 1, 500.0 + slices, now, (), ("big",), True)]
         )
-    assert slices >= 10_000 // ranking.SLICE - 1, slices
+    assert slices >= 10_000 // orders.SLICE - 1, slices
     assert read(now) == expected()
-    assert ranking.kept_orders(board) == (1, 10_000)
+    assert orders.kept_orders(board) == (1, 10_000)
 
     board.add([("e5", "view", 1, 10_000.0, now, (), ("big",), True)])  # small: no slices
-    assert ranking.prepare(board, slot, ranking.WEIGHT, -1, now) is None
+    assert orders.prepare(board, slot, orders.WEIGHT, -1, now) is None
     assert read(now)[0] == "e5" and read(now) == expected()
 
-    later = now + ranking.ORDER_IDLE_NS + 1
-    ranking.evict(board, later)
-    assert ranking.kept_orders(board) == (0, 0)
+    later = now + orders.ORDER_IDLE_NS + 1
+    orders.evict(board, later)
+    assert orders.kept_orders(board) == (0, 0)
     board.add([("e6", "view", 1, 20_000.0, later, (), ("big",), True)])
     scope = board.scope(slot)
     assert scope is not None and not scope.dirty, "an order dropped still tracks changes"

@@ -88,7 +88,7 @@ class Tally:
 
 class Scope:
     """What one ranking reads: the tallies of one (layer, key, kind), and the orders kept
-    of them (``ranking.Order``), brought up to date with ``dirty`` when read."""
+    of them (``orders.Order``), brought up to date with ``dirty`` when read."""
 
     __slots__ = ("dirty", "orders", "slot", "tallies")
 

@@ -24,7 +24,7 @@ from typing import Any
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
 from tidal.protocol.partitions import HASH
-from tidal.server.core import budget, chunks, ledger, params, ranking, restore, userrows
+from tidal.server.core import budget, chunks, ledger, orders, params, restore, userrows
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import Board, Key
@@ -422,7 +422,7 @@ class Engine:
             chunks.done(board, self.shelf, batch.board_written)
         now = self._clock()
         board.advance(now)
-        ranking.evict(board, now)  # orders nobody reads stop costing each commit
+        orders.evict(board, now)  # orders nobody reads stop costing each commit
         board.add(batch.board)
         for w in batch.past:
             board.add(w.board)

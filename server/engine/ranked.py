@@ -7,7 +7,7 @@ caller's own writes. Then it is answered once the open batch has committed, by
 which time the board has taken it in.
 
 A ``top`` whose order must first be built, or take in many changes, does that a
-slice per turn of the event loop (``ranking.prepare``): its reader waits, nobody
+slice per turn of the event loop (``orders.prepare``): its reader waits, nobody
 else does. Its connection applies nothing it sent after it meanwhile.
 """
 
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from tidal.server.core import ranking
+from tidal.server.core import orders, ranking
 from tidal.server.core.ledger import Slot
 from tidal.server.core.replies import Later, Replier
 
@@ -45,14 +45,14 @@ class Ranked:
     def _prepared(self, conn: Replier, request: ranking.TopRequest,
                   then: Callable[[], None]) -> None:  # fmt: skip
         """``then``, once ``request``'s order needs little more work: now, or after the
-        slices ``ranking.prepare`` gives, one per turn of the loop."""
+        slices ``orders.prepare`` gives, one per turn of the loop."""
         which = (request.slot, request.by, request.which)
         waiting = self._preparing.get(which)
         if waiting is None:
             now = self._clock()
             board = self._engine.board
-            ranking.evict(board, now)
-            steps = ranking.prepare(board, request.slot, request.by, request.which, now)
+            orders.evict(board, now)
+            steps = orders.prepare(board, request.slot, request.by, request.which, now)
             if steps is None:
                 then()
                 return

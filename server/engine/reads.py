@@ -23,7 +23,7 @@ from tidal.protocol.limits import (
     NAME_MAX_BYTES,
     SLOT_REPLY_BYTES,
 )
-from tidal.server.core import params, ranking
+from tidal.server.core import orders, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
 from tidal.server.version import VERSION, compiled
@@ -119,7 +119,7 @@ class Reads:
     def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         params.arity(args, "stats", "none", 0, 0)
         signals = self._engine.signals
-        kept, ranked = ranking.kept_orders(self._engine.board)
+        kept, ranked = orders.kept_orders(self._engine.board)
         stats = {
             "version": VERSION,
             "compiled": compiled(),
