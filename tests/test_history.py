@@ -29,7 +29,7 @@ FAULTS = int(os.environ.get("TIDAL_HISTORY_FAULTS", "25"))
 NEMESIS = os.environ.get("TIDAL_HISTORY_NEMESIS", "kill9,term,pause,mute,disk_full").split(",")
 #: about what the workload's aggregates take at their most: writes that would create
 #: aggregates are refused now and then (``full:``), and purges and erasures make room
-BUDGET = os.environ.get("TIDAL_HISTORY_BUDGET", "96K")
+BUDGET = os.environ.get("TIDAL_HISTORY_BUDGET", "40K")
 pytestmark = pytest.mark.timeout(max(600, FAULTS * 60))
 
 

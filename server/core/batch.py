@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .board import Board, Changed
+from .board import Board, Changed, Key
 from .chunks import Shelf, Written
 from .feed import Change, FeedRead
 from .ledger import Row
@@ -92,7 +92,9 @@ class Batch:
     writes: int = 0
     signals: int = 0
     fanout: int = 0  # cohort and community aggregates added to
-    growth: int = 0  # aggregates it may create, at most: the budget's ``pending``
+    growth: int = 0  # bytes of the aggregates it creates: the budget's ``pending``
+    #: the aggregates it creates, those not on the board (``budget.grows``)
+    creating: set[tuple[str, str, Key]] = field(default_factory=set)
     forwarded: int = 0
     leaves: int = 0
     rejoins: int = 0

@@ -10,8 +10,9 @@ the kernel's OOM killer ended it would take every client's writes in flight with
 Past the budget, a write that would create aggregates is refused whole (error 2,
 ``full:``); writes that only add to aggregates already held, reads, leaves, rejoins,
 purges and erasures go on, and a purge or an erasure makes room. ``pending`` counts
-what the batches not yet on the board may add, at most: a write is judged against
-what is held and what is on its way, so a burst of pipelined requests cannot pass it.
+what the batches not yet on the board add (each batch the aggregates it creates, once:
+``grows``): a write is judged against what is held and what is on its way, so a burst of
+pipelined requests cannot pass it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .board import Board, Key
 #: resident bytes, as measured (docs/DESIGN.md, "Memory"; tests/test_memory_budget.py
 #: checks them): per aggregate, its tally with its counts, windows and one trend, and
 #: its entry in its scope and its entity's index; per entity, the index's maps
-TALLY_BYTES: Final = 544
+TALLY_BYTES: Final = 576
 ENTITY_BYTES: Final = 640
 
 
@@ -46,7 +47,7 @@ class Budget:
         self.board = board
         self.limit = budget_bytes or sys.maxsize  # 0: no budget
         self.setting = setting or f"{budget_bytes} bytes"
-        #: bytes the batches read but not yet on the board may add, at most
+        #: bytes the batches read but not yet on the board add
         self.pending = 0
         self.refused = 0  # writes refused, since start
 
@@ -93,6 +94,24 @@ def creating(board: Board, reached: Iterable[tuple[str, str, tuple[Key, ...]]]) 
         held = index.get(entity, {}).get(kind, {})
         new.update((entity, kind, key) for key in keys if key not in held)
     return len(new), len({entity for entity, _, _ in new if entity not in index})
+
+
+def grows(board: Board, creating: set[tuple[str, str, Key]], entity: str, kind: str,
+          keys: Iterable[Key]) -> int:  # fmt: skip
+    """The bytes a signal reaching these aggregates adds to the board, counted once per
+    batch (``creating``: what the batch creates so far): on the signal path, a lookup per
+    aggregate, and more only for those not held (rare once the board is warm)."""
+    held = board.by_entity.get(entity)
+    mine = None if held is None else held.get(kind)
+    added = 0
+    for key in keys:
+        if mine is not None and key in mine:
+            continue
+        aggregate = (entity, kind, key)
+        if aggregate not in creating:
+            creating.add(aggregate)
+            added += TALLY_BYTES if held is not None or added else TALLY_BYTES + ENTITY_BYTES
+    return added
 
 
 def most(signals: int, slots: int) -> int:

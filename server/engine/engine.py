@@ -293,20 +293,23 @@ class Engine:
         if forwarded:
             cohorts = matched if matched is not None else self.cohorts.match(attrs)
             batch.forwarded += 1
-            fanout = len(cohorts) + len(communities)
-            batch.fanout += fanout
-            grows = budget.most(1, fanout + 1)
-            batch.growth += grows
-            self.budget.pending += grows
+            batch.fanout += len(cohorts) + len(communities)
+            grows = budget.grows(
+                self.board, batch.creating, entity, kind, (None, *cohorts, *communities)
+            )
+            if grows:
+                batch.growth += grows
+                self.budget.pending += grows
             batch.board.append(
                 (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, cohorts,
                  communities, True)
             )  # fmt: skip
         else:
             cohorts = ()
-            grows = budget.most(1, 1)  # the ledger's aggregate only
-            batch.growth += grows
-            self.budget.pending += grows
+            grows = budget.grows(self.board, batch.creating, entity, kind, (None,))  # the ledger's
+            if grows:
+                batch.growth += grows
+                self.budget.pending += grows
             batch.board.append(
                 (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, (), (), True)
             )

@@ -224,6 +224,10 @@ class Load:
         self._reached = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.watcher = Connection(connections, port, up)
+        #: the most the aggregates took past what was allowed, and that, in bytes
+        self.memory_over = (0, 0)
+        self._memory_allowed: dict[int, int] = {}  # by the second a server started
 
     def _done(self) -> None:
         self.completed += 1
@@ -247,11 +251,28 @@ class Load:
             for _ in range(self.depth if conn.index % 2 else 16)  # some pipeline deep
         ]
         self.starts += 1
+        self._tasks.append(asyncio.create_task(self._watch_memory(self.watcher)))
         for conn in self.conns[:2]:  # a probe of reads in order on two connections
             rng = random.Random(self.rng.random())
             prefix = f"q{conn.index}.{self.starts}"
             probe = in_order(self.history, conn, rng, conn.index, prefix, self._stop, self._done)
             self._tasks.append(asyncio.create_task(probe))
+
+    async def _watch_memory(self, conn: Connection) -> None:
+        """``stats`` polled all along, on a connection of its own: the memory budget is
+        held at every moment, not only when the checker looks (``memory_over``). A boot
+        loads what the database holds, even past the budget (PROTOCOL.md): writes may
+        not add to what a server held when first seen, if that was more."""
+        while not self._stop.is_set():
+            client = await conn.get()
+            with contextlib.suppress(ServerError, ConnectionLost, CallTimeout, OSError):
+                stats = await client.call("stats")
+                budget, used = stats["memory_budget"], stats["aggregates_bytes"]
+                booted = round(time.time() - stats["uptime_s"])  # this server's start
+                allowed = self._memory_allowed.setdefault(booted, max(budget, used))
+                if budget and used > allowed:
+                    self.memory_over = max(self.memory_over, (used, allowed))
+            await asyncio.sleep(0.02)  # a poll's pace, not a synchronisation
 
     async def until(self, more: int, timeout: float = 120) -> None:
         """Returns once ``more`` further operations have completed (a state, not a time)."""
@@ -263,7 +284,7 @@ class Load:
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
-        for conn in self.conns:
+        for conn in [*self.conns, self.watcher]:
             await conn.close()
             conn.client = None
 
