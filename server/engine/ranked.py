@@ -40,7 +40,14 @@ class Ranked:
         engine = self._engine
         names = {name: cid for cid, name in engine.cohorts.names().items()}
         request = ranking.top_request(args, names, engine.board.decay, engine.reply_budget)
-        self._prepared(conn, request, lambda: self._answer(conn, msgid, lambda: self._top(request)))
+
+        def answer() -> None:
+            self._answer(conn, msgid, lambda: self._top(request))
+
+        if msgid is None:  # a notification: nobody reads it
+            answer()
+            return
+        self._prepared(conn, request, answer)
 
     def _prepared(self, conn: Replier, request: ranking.TopRequest,
                   then: Callable[[], None]) -> None:  # fmt: skip
