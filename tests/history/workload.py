@@ -228,7 +228,6 @@ class Load:
         self.watcher = Connection(connections, port, up)
         #: the most the aggregates took past what was allowed, and that, in bytes
         self.memory_over = (0, 0)
-        self._memory_allowed: dict[int, int] = {}  # by the second a server started
 
     def _done(self) -> None:
         self.completed += 1
@@ -263,19 +262,22 @@ class Load:
         """``stats`` polled all along, on a connection of its own: the memory budget is
         held at every moment, not only when the checker looks (``memory_over``). A boot
         loads what the database holds, even past the budget (PROTOCOL.md): writes may
-        not add to what a server held when first seen, if that was more."""
+        not add to what a server held when first seen (on each new connection), if that
+        was more."""
+        seen: Client | None = None  # a new connection: a server started, or back
+        most = 0
         while not self._stop.is_set():
             client = await conn.get()
             with contextlib.suppress(ServerError, ConnectionLost, CallTimeout, OSError):
                 stats = await client.call("stats")
                 budget, used = stats["memory_budget"], stats["aggregates_bytes"]
-                booted = round(time.time() - stats["uptime_s"])  # this server's start
-                allowed = self._memory_allowed.setdefault(booted, max(budget, used))
+                if client is not seen:
+                    seen, most = client, max(budget, used)
                 # slack: once, after a kill -9, the count went 128 bytes past (two aggregates
                 # fewer, two entities more: an entity's index counted past its aggregates?
                 # not explained yet, docs/RELIABILITY.md); the budget taken out goes 12K past
-                if budget and used > allowed + 2 * ENTITY_BYTES:
-                    self.memory_over = max(self.memory_over, (used, allowed))
+                if budget and used > most + 2 * ENTITY_BYTES:
+                    self.memory_over = max(self.memory_over, (used, most))
             await asyncio.sleep(0.02)  # a poll's pace, not a synchronisation
 
     async def until(self, more: int, timeout: float = 120) -> None:
