@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidal.client import CallTimeout, Client, ConnectionLost, ServerError
-from tidal.server.core.budget import ENTITY_BYTES
 
 from .record import History, Op
 
@@ -273,10 +272,7 @@ class Load:
                 budget, used = stats["memory_budget"], stats["aggregates_bytes"]
                 if client is not seen:
                     seen, most = client, max(budget, used)
-                # slack: once, after a kill -9, the count went 128 bytes past (two aggregates
-                # fewer, two entities more: an entity's index counted past its aggregates?
-                # not explained yet, docs/RELIABILITY.md); the budget taken out goes 12K past
-                if budget and used > most + 2 * ENTITY_BYTES:
+                if budget and used > most:
                     self.memory_over = max(self.memory_over, (used, most))
             await asyncio.sleep(0.02)  # a poll's pace, not a synchronisation
 
