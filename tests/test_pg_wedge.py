@@ -13,7 +13,7 @@ import asyncpg
 import msgpack
 import pytest
 
-from tidal.client import Signal, Tally, Unavailable
+from tidal.client import Client, Signal, Tally, Unavailable
 from tidal.server.core.ledger import COMMUNITY
 from tidal.testing.postgres import Cluster
 
@@ -211,6 +211,16 @@ async def test_a_silent_network_is_noticed_within_10_seconds(
     assert "shutdown: the last commit failed" in b"".join(process.log).decode()
 
 
+async def writes_come_back(c: Client, user: int) -> None:
+    """A signal of ``user`` is taken again, with no restart (tried on tidal's backoff)."""
+    for _ in range(100):
+        with contextlib.suppress(Unavailable):
+            await c.call("signal", user, "e", "view", timeout=30)
+            return
+        await asyncio.sleep(0.2)  # a schedule: its backoff, not a synchronisation
+    raise AssertionError("writes never came back")
+
+
 async def test_a_proxy_gone_silent_at_commit_is_noticed_and_the_commit_settled(
     database: Database, relay: Relay
 ) -> None:
@@ -233,13 +243,7 @@ async def test_a_proxy_gone_silent_at_commit_is_noticed_and_the_commit_settled(
         with within(1, "a write's error 2"), pytest.raises(Unavailable):
             await c.call("signal", 3, "e", "view", timeout=30)  # refused until it is known
         relay.unmute()
-        for _ in range(100):  # back by itself, with no restart (a schedule: its backoff)
-            with contextlib.suppress(Unavailable):
-                await c.call("signal", 4, "e", "view", timeout=30)
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError("writes never came back")
+        await writes_come_back(c, 4)
         counted = (await c.counts("e")).ledger["view"].count
         rows = await database.rows("SELECT user_id FROM ledger ORDER BY seq")
         assert [u for (u,) in rows] in ([1, 4], [1, 2, 4]), rows
@@ -273,13 +277,7 @@ async def test_a_leave_with_purge_whose_commit_was_cut_off_is_not_told_nothing_w
         assert isinstance(purged, Unavailable) and isinstance(left, Unavailable), (purged, left)
         assert "whether this request was saved is unknown" in str(left), left
         relay.unmute()
-        for _ in range(100):  # back by itself, with no restart (a schedule: its backoff)
-            with contextlib.suppress(Unavailable):
-                await c.call("signal", 6, "e", "view", timeout=30)
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise AssertionError("writes never came back")
+        await writes_come_back(c, 6)
         status = (await c.status(5)).status
         events = [line.event for line in await c.history(5)]
         assert events[:1] == (["leave"] if status == "left" else []), (status, events)
