@@ -6,15 +6,20 @@ killer end it with every client's writes in flight."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from tidal.client import Client, Signal
 from tidal.client.errors import Unavailable
+from tidal.server import Config, Server
+from tidal.server.core.batch import Batch
 from tidal.server.core.budget import ENTITY_BYTES, TALLY_BYTES
 
 from .conftest import Database, ServerProcess
+from .test_durability import wrap_commit
 from .test_hostile import rss_kib
 
 pytestmark = pytest.mark.both_backends
@@ -142,3 +147,51 @@ async def test_the_budget_counts_no_less_than_the_aggregates_take(
         )
     finally:
         await proc.stop()
+
+
+async def test_the_room_a_purge_makes_is_not_given_twice(database: Database) -> None:
+    """A purge empties an aggregate; a signal read before the purge took effect, in the
+    batch after its own, counted that aggregate as held and adds it back. The room the
+    purge made is that signal's, not a new write's: given to both, the aggregates went
+    past the budget (the fault-history checker saw up to 3.5 KiB)."""
+    held = 2 * TALLY_BYTES + ENTITY_BYTES  # "x": its ledger and community "a"
+    srv = Server(Config(host="127.0.0.1", port=0, db=database.target,
+                        memory_budget=str(held + TALLY_BYTES // 2)))  # fmt: skip
+    await srv.start()
+    purged, readd = asyncio.Event(), asyncio.Event()  # released: the purge's commit, the next
+    holding: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
+
+    async def gate(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if batch.past and not purged.is_set():
+            holding[0].set()
+            await purged.wait()
+        elif batch.signals and purged.is_set() and not readd.is_set():
+            holding[1].set()
+            await readd.wait()
+        await real(batch)
+
+    try:
+        async with await Client.connect(*srv.address) as c:
+            await c.signal(1, "x", "v", communities=["a"])  # only user 1 counts in "x"/"a"
+            assert (await c.stats())["aggregates_bytes"] == held
+            wrap_commit(srv, gate)
+            purge = asyncio.ensure_future(c.purge(1))
+            await holding[0].wait()
+            # read while the purge's batch is on its way: "x"/"a" is held, so it creates nothing
+            again = asyncio.ensure_future(c.signal(2, "x", "v", communities=["a"]))
+            purged.set()
+            await holding[1].wait()  # the purge took "x"/"a" off; the signal's batch is held
+            assert (await purge).signals == 1
+            wants = asyncio.ensure_future(c.signal(3, "x", "v", communities=["b"]))
+            readd.set()
+            with pytest.raises(Unavailable, match="full: "):
+                await wants  # a new aggregate, in the room the signal before it takes back
+            assert (await again).forwarded
+            stats = await c.stats()
+            assert stats["aggregates_bytes"] == held <= stats["memory_budget"]
+            counts = await c.counts("x")
+            assert counts.communities["a"]["v"].count == 1 and "b" not in counts.communities
+    finally:
+        purged.set()
+        readd.set()
+        await srv.shutdown()

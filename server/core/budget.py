@@ -41,7 +41,7 @@ class Budget:
     """The board may not take more than ``limit`` bytes; ``setting`` is how the operator
     said it."""
 
-    __slots__ = ("board", "limit", "pending", "refused", "setting")
+    __slots__ = ("board", "freeing", "limit", "pending", "refused", "setting")
 
     def __init__(self, board: Board, budget_bytes: int, setting: str = "") -> None:
         self.board = board
@@ -49,6 +49,9 @@ class Budget:
         self.setting = setting or f"{budget_bytes} bytes"
         #: bytes the batches read but not yet on the board add
         self.pending = 0
+        #: bytes the last committed batch's withdrawals took off the board, not yet room
+        #: (``freed``)
+        self.freeing = 0
         self.refused = 0  # writes refused, since start
 
     def used(self) -> int:
@@ -56,7 +59,16 @@ class Budget:
 
     def room(self) -> int:
         """Bytes left, once the batches on their way are on the board."""
-        return self.limit - self.pending - used(self.board)
+        return self.limit - self.pending - self.freeing - used(self.board)
+
+    def freed(self, bytes_: int) -> None:
+        """A batch is on the board, and its withdrawals (a purge, an erase, a cohort
+        dropped) took ``bytes_`` off it. The batch after it read its signals against the
+        board as it was before, and counted as held what the withdrawals took off; on the
+        board, it adds them back. So what they freed is room only once that batch too is
+        on the board (or refused): the next call. Without this, the aggregates went a few
+        KiB past the budget under purges (the fault-history checker saw it)."""
+        self.freeing = max(0, bytes_)
 
     def full(self) -> bool:
         """Less than 1% of the budget is left: what ``health`` and the metrics call full
@@ -68,7 +80,7 @@ class Budget:
         it would create do not fit."""
         tallies, entities = creating(self.board, reached)
         new = tallies * TALLY_BYTES + entities * ENTITY_BYTES
-        held = used(self.board) + self.pending
+        held = used(self.board) + self.pending + self.freeing
         if new and held + new > self.limit:
             self.refused += 1
             raise Full(

@@ -427,13 +427,19 @@ class Engine:
         board.advance(now)
         orders.evict(board, now)  # orders nobody reads stop costing each commit
         board.add(batch.board)
+        if not (batch.past or batch.cohorts):
+            self.budget.freed(0)
+            return
+        held = self.budget.used()
         for w in batch.past:
             board.add(w.board)
         if batch.cohorts:
             board.keep_cohorts(set(self.cohorts.names()))
+        self.budget.freed(held - self.budget.used())
 
     def failed(self, batch: Batch, later: Batch, unknown: bool = False) -> None:
         self.budget.pending -= batch.growth + later.growth  # never to reach the board
+        self.budget.freed(0)
         batch.growth = later.growth = 0
         if batch.board_changed is not None:
             self.board.put_back(batch.board_changed)
