@@ -75,15 +75,18 @@ class History:
     seed: int
     ops: list[Op] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
-    by_user: dict[int, list[Op]] = field(default_factory=lambda: defaultdict(list))
+    #: each user's operations less its signals (leaves, rejoins, purges, erasures): what the
+    #: checker asks of every signal, kept apart so that a check costs the history's length,
+    #: not its square
+    changes: dict[int, list[Op]] = field(default_factory=lambda: defaultdict(list))
     #: anomalies seen as they happened (a read out of its connection's order), with when
     observed: list[tuple[float, str]] = field(default_factory=list)
 
     def invoke(self, client: int, method: str, params: list[Any], user: int | None) -> Op:
         op = Op(len(self.ops), client, method, params, user, time.monotonic())
         self.ops.append(op)
-        if user is not None:
-            self.by_user[user].append(op)
+        if user is not None and method not in ("signal", "signal_batch"):
+            self.changes[user].append(op)
         return op
 
     @staticmethod

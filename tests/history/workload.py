@@ -34,6 +34,8 @@ MIN_NS, HOUR_NS, DAY_NS = 60 * 10**9, 3600 * 10**9, 86400 * 10**9
 AGES = [None, None, None, 0, 30 * MIN_NS, 3 * HOUR_NS, 2 * DAY_NS, 10 * DAY_NS, 40 * DAY_NS]
 KEYS = 300  # a small pool: keys are reused on purpose
 CALL_TIMEOUT = 60.0
+#: the most a task waits after a refusal that says "not now" (error 2) before its next call
+BACKOFF = 0.05
 
 
 class Signals:
@@ -205,8 +207,13 @@ async def worker(history: History, conn: Connection, rng: random.Random, signals
                  stop: asyncio.Event, done: Callable[[], None]) -> None:  # fmt: skip
     while not stop.is_set():
         method, params, user = request(rng, signals)
-        await call(history, conn, method, params, user)
+        op = await call(history, conn, method, params, user)
         done()
+        if op is not None and op.outcome == "fail" and str(op.reply).startswith("2 "):
+            # refused for now (the database is away, the budget full): a client backs off,
+            # as one would; else a second's outage is thousands of refusals, which the
+            # checker goes through at every check, and the history says nothing more
+            await asyncio.sleep(rng.uniform(0, BACKOFF))  # a pace, not a synchronisation
 
 
 class Load:
