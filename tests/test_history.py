@@ -19,14 +19,12 @@ import pytest
 from tidal.testing.postgres import Cluster
 
 from .conftest import Database, tmpfs
+from .history import nemesis
 from .history.run import run
 
 FAULTS = int(os.environ.get("TIDAL_HISTORY_FAULTS", "25"))
-#: the faults drawn from, those the backend has (tests/history/nemesis.py). A hung proxy
-#: (mute) and PostgreSQL restarted under load (pg_restart) still end some runs with the
-#: serving tidal stopping writes: reconnecting, it finds the lock held by another session
-#: (docs/RELIABILITY.md); name them in TIDAL_HISTORY_NEMESIS to run them
-NEMESIS = os.environ.get("TIDAL_HISTORY_NEMESIS", "kill9,term,pause,disk_full").split(",")
+#: the faults drawn from, those the backend has: all of them, unless named
+NEMESIS = os.environ.get("TIDAL_HISTORY_NEMESIS", ",".join(nemesis.NEMESIS)).split(",")
 #: about what the workload's aggregates take at their most: writes that would create
 #: aggregates are refused now and then (``full:``), and purges and erasures make room
 BUDGET = os.environ.get("TIDAL_HISTORY_BUDGET", "40K")
