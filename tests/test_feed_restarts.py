@@ -309,8 +309,8 @@ async def test_tidal_watch_prints_each_event_as_it_happens(process: ServerProces
     async with await process.connect() as c:
         await c.leave(1)
         watch = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tidal.cli", "watch", "--port", str(process.port),
-            "--from", "0", "--events", "leave,erase", "--json",
+            sys.executable, "-X", "faulthandler", "-m", "tidal.cli", "watch",
+            "--port", str(process.port), "--from", "0", "--events", "leave,erase", "--json",
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert watch.stdout is not None
@@ -322,7 +322,15 @@ async def test_tidal_watch_prints_each_event_as_it_happens(process: ServerProces
             (3, "erase", 2),
         ]
         watch.send_signal(signal.SIGINT)
-        assert await asyncio.wait_for(watch.wait(), 10) == 0
+        try:
+            assert await asyncio.wait_for(watch.wait(), 10) == 0
+        except TimeoutError:  # seen once in a full run, never alone: where does it hang?
+            watch.send_signal(signal.SIGABRT)  # faulthandler prints its threads' stacks
+            await watch.wait()
+            raise AssertionError(
+                "tidal watch did not exit in 10 s after SIGINT; its stacks are in the"
+                " captured stderr"
+            ) from None
         text = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tidal.cli", "watch", "--port", str(process.port), "--from", "2",
             stdout=asyncio.subprocess.PIPE,
