@@ -482,6 +482,28 @@ async def test_a_killed_node_s_partitions_are_served_again_and_nothing_acknowled
     print(f"{checked} acknowledged signals and leaves checked")
 
 
+@pytest.mark.parametrize("size", [1, 3])
+async def test_a_node_restarted_with_its_own_address_serves_again(
+    nodes: Nodes, database: Database, size: int
+) -> None:
+    """A rolling restart, systemd or a StatefulSet starts a node again with the same address,
+    before the others see it gone: its partitions are still its own in the table, from its
+    last run. It takes them back (issue 40: it answered ``moved ... served by unknown`` for
+    every one of them, for minutes)."""
+    serving = await nodes.serving(size)
+    again = serving[-1]
+    async with await ClusterClient.connect("127.0.0.1", again.port, timeout=10) as c:
+        acked = [await c.signal(u, "e", "view") for u in range(30)]
+    await again.stop()  # SIGTERM, then the same command at once: the same address
+    await again.start()
+    took = await nodes.settled(serving)
+    async with await ClusterClient.connect("127.0.0.1", again.port, timeout=10) as c:
+        assert (await c.counts("e")).ledger["view"].count == len(acked)
+        for u in range(30):  # every user served again, wherever its partition is
+            assert (await c.signal(u, "e", "view")).forwarded
+    print(f"a node restarted with its own address: every partition served after {took:.2f}s")
+
+
 async def test_a_paused_node_commits_nothing_for_the_partitions_it_lost(
     nodes: Nodes, database: Database
 ) -> None:

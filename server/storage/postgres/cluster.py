@@ -64,11 +64,13 @@ _LIVE: Final = """
      AND l.classid::int8 = n.lock_class AND l.objid::int8 = n.lock_key
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 _MAP: Final = "SELECT epoch, node FROM tidal_partitions ORDER BY part"
-#: a partition nobody serves: handed over, or its node's lock gone; of two nodes taking one
-#: at once, the second finds it taken when the first commits, and skips it
+#: a partition nobody serves: handed over, its node's lock gone, or this node's own from its
+#: last run (restarted with its address before the others saw it gone: only one process
+#: holds a node's lock, so a live ``$1`` is this one); of two nodes taking one at once, the
+#: second finds it taken when the first commits, and skips it
 _TAKE: Final = f"""
     UPDATE tidal_partitions SET epoch = epoch + 1, node = $1
-    WHERE part = ANY($2::int[]) AND (node IS NULL OR node NOT IN ({_LIVE}))
+    WHERE part = ANY($2::int[]) AND (node IS NULL OR node = $1 OR node NOT IN ({_LIVE}))
     RETURNING part, epoch"""
 _RELEASE: Final = """
     UPDATE tidal_partitions SET node = NULL
