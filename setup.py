@@ -32,9 +32,9 @@ COMPILED = {
     "protocol": ["framing", "connection", "headers", "messages", "partitions"],
     "server/net": ["connection", "flow", "replies"],
     "server/core": [
-        "aggregates", "batch", "board", "budget", "chunks", "cohorts", "counts", "keys", "ledger",
-        "matching", "members", "orders", "owners", "params", "parts", "past", "ranking", "reload",
-        "replies", "restore", "signals", "sums", "tallies", "windows",
+        "aggregates", "asks", "batch", "board", "budget", "chunks", "cohorts", "counts", "keys",
+        "ledger", "matching", "members", "orders", "owners", "params", "parts", "past", "ranking",
+        "reload", "replies", "restore", "signals", "sums", "tallies", "windows",
     ],
     "server/engine": ["changes", "committer", "delivery", "engine", "health", "ranked", "reads"],
 }  # fmt: skip

@@ -69,7 +69,9 @@ class StorageFailure(TidalError):
     database over; this one must never write again (the server stops, exit status 3).
     ``moved``: cluster mode: partitions this node no longer owns (another node took them
     while it was paused or cut off); the batch is refused, and the node stops serving them.
-    ``refusal``: the storage is fine, and this batch is refused with these words."""
+    ``refusal``: the storage is fine, and this batch is refused with these words.
+    ``stale``: cluster mode: ... because the cohorts changed under it; matched again, it
+    may commit."""
 
     def __init__(
         self,
@@ -82,8 +84,10 @@ class StorageFailure(TidalError):
         fenced: bool = False,
         moved: frozenset[int] = frozenset(),
         refusal: str | None = None,
+        stale: bool = False,
     ) -> None:
         super().__init__(message)
+        self.stale = stale
         self.moved = moved
         self.refusal = refusal
         self.transient = transient

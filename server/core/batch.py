@@ -8,6 +8,7 @@ put memory back as it was, so memory never claims what the disk does not hold.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from .rewrites import Rewrite
 from .tallies import Contribution
 
 if TYPE_CHECKING:
+    from .asks import CohortAsk
     from .past import Event, HistoryRead, LeftRead, Withdrawal
 
 
@@ -31,14 +33,17 @@ class Entry:
 
     record: bytes
     node: str
-    #: the cohort version its signals were matched against, and after its own changes:
-    #: the transaction commits only if the database's is still ``before``
+    #: the cohort version its signals were matched against (and its own changes decided
+    #: against), and after its own changes: it commits only if the database's is ``before``
     before: int
     after: int
     applied: int  # the last id this node had applied: the transaction reads those after
     id: int = 0  # given in the transaction
     #: the records between ``applied`` and this one, read in the transaction
     earlier: list[tuple[int, str, bytes]] = field(default_factory=list)
+    #: set once a commit found the cohorts changed under it: the transaction takes the
+    #: head first, and gives this the records past ``applied`` (``replica.rematch``)
+    catch_up: Callable[[list[tuple[int, str, bytes]]], None] | None = None
 
 
 @dataclass(slots=True)
@@ -84,10 +89,11 @@ class Batch:
     #: cluster mode: the partitions this batch writes for -> the epoch this node holds each
     #: at; its transaction commits only if the database still has them (``core.owners``)
     parts: dict[int, int] = field(default_factory=dict)
-    #: cluster mode: this batch's record in the commit log (``core.log``), and the cohort
-    #: version its signals were matched against if another node changed cohorts since
+    #: cluster mode: this batch's record in the commit log (``core.log``)
     log: Entry | None = None
-    cohorts_at: int = -1
+    #: ... and its defines and drops of cohorts, decided again if another change comes
+    #: first (``rematch``)
+    asks: list[CohortAsk] = field(default_factory=list)
     committed: bool = False  # set as the writer hands it over, durable
     writes: int = 0
     signals: int = 0

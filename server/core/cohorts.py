@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from tidal.protocol.limits import MAX_COHORTS
 from tidal.server.errors import InvalidParams
 
+from .asks import CohortAsk
 from .matching import Cohort, index
 from .params import Predicate, Scalar
 
@@ -34,9 +35,14 @@ class Registry:
         self._by_name: dict[str, Cohort] = {
             name: Cohort.build(cid, name, predicate) for cid, name, predicate in loaded
         }
-        self._next_id = next_id
+        #: ids are never given twice: past every id loaded, whatever the meta row says
+        self._next_id = max([next_id, *(c.id + 1 for c in self._by_name.values())])
         self._index = index(self._by_name.values())
         self._names: dict[int, str] | None = None  # id -> name, made when asked
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
 
     def __len__(self) -> int:
         return len(self._by_name)
@@ -85,31 +91,43 @@ class Registry:
         more = names[len(listed) - 1] if len(listed) < len(names) else None
         return {"cohorts": listed, "more": more}
 
-    def define(self, batch: Batch, name: str, predicate: Predicate, *, now: bool = True) -> bool:
-        """False when the same rule is already defined under ``name`` (its counts go on).
-        Cluster mode (not ``now``): the change is only recorded in ``batch``, and takes
-        effect on every node, this one too, as its log record is applied (``applied``)."""
-        if name in batch.cohorts and not now:
-            raise InvalidParams(f"name: {name!r} is changing already; send this again")
+    def define(self, batch: Batch, name: str, predicate: Predicate) -> bool:
+        """False when the same rule is already defined under ``name`` (its counts go on)."""
+        return self._decide(batch, name, predicate, now=True)[0]
+
+    def drop(self, batch: Batch, name: str) -> bool:
+        return self._decide(batch, name, None, now=True)[0]
+
+    def ask(self, batch: Batch, ask: CohortAsk) -> bool:
+        """Cluster mode: ``ask`` decided against the cohorts applied from the log, and, if
+        it changes them, recorded in ``batch`` only: it takes effect on every node, this one
+        too, as its log record is applied (``applied``). Decided again if another change
+        comes first (``rematch``). Whether it changes them."""
+        if ask.name in batch.cohorts:
+            raise InvalidParams(f"name: {ask.name!r} is changing already; send this again")
+        ask.changes, ask.result = self._decide(batch, ask.name, ask.predicate, now=False)
+        return ask.changes
+
+    def _decide(
+        self, batch: Batch, name: str, predicate: Predicate | None, *, now: bool
+    ) -> tuple[bool, bool]:
+        """Whether defining (``predicate``) or dropping (None) changes the cohorts, and the
+        answer: a drop of what is not defined answers false; a define, true."""
         old = self._by_name.get(name)
+        if predicate is None:
+            if old is None:
+                return False, False
+            self._set(batch, name, old, None, now)
+            return True, True
         cohort = Cohort.build(self._next_id, name, predicate)
         if old is not None and old.same_rule(cohort):
-            return False
+            return False, True
         if old is None and len(self._by_name) >= MAX_COHORTS:
             raise InvalidParams(f"name: at most {MAX_COHORTS} cohorts may be defined; drop one")
         self._next_id += 1
         batch.next_cohort_id = self._next_id
         self._set(batch, name, old, cohort, now)
-        return True
-
-    def drop(self, batch: Batch, name: str, *, now: bool = True) -> bool:
-        if name in batch.cohorts and not now:
-            raise InvalidParams(f"name: {name!r} is changing already; send this again")
-        old = self._by_name.get(name)
-        if old is None:
-            return False
-        self._set(batch, name, old, None, now)
-        return True
+        return True, True
 
     def applied(self, name: str, cohort: Cohort | None) -> None:
         """Cluster mode: a change from the commit log, this node's or another's."""

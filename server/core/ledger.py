@@ -46,7 +46,7 @@ def context(
     return None
 
 
-def decode(blob: bytes | None) -> tuple[list[str], dict[str, Scalar], list[int]]:
+def decode(blob: bytes | bytearray | None) -> tuple[list[str], dict[str, Scalar], list[int]]:
     if blob is None:
         return [], {}, []
     communities, attrs, cohorts = msgpack.unpackb(blob, raw=False)

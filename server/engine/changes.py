@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.server.core import feed, params
+from tidal.server.core.asks import CohortAsk
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change
 from tidal.server.core.members import Membership
@@ -139,8 +140,9 @@ class Changes:
         name = params.cohort_name(args[0])
         predicate = params.predicate(args[1])
         batch = self._e.committer.writable()
-        # cluster mode: on every node once committed, through the log (``core.log``)
-        if self._e.cohorts.define(batch, name, predicate, now=self._e.owners is None):
+        if self._e.owners is not None:
+            self._ask(conn, msgid, batch, name, predicate)
+        elif self._e.cohorts.define(batch, name, predicate):
             self._feed_event(batch, Change(feed.DEFINE_COHORT, 0, name=name, predicate=predicate))
             self._e.committer.ack(conn, msgid, True)
         else:  # the same cohort again: its counts go on
@@ -150,11 +152,27 @@ class Changes:
         params.arity(args, "drop_cohort", "name", 1, 1)
         name = params.cohort_name(args[0])
         batch = self._e.committer.writable()
-        if self._e.cohorts.drop(batch, name, now=self._e.owners is None):
+        if self._e.owners is not None:
+            self._ask(conn, msgid, batch, name, None)
+        elif self._e.cohorts.drop(batch, name):
             self._feed_event(batch, Change(feed.DROP_COHORT, 0, name=name))
             self._e.committer.ack(conn, msgid, True)
         else:
             self._e.committer.answer(conn, msgid, False)
+
+    def _ask(
+        self, conn: Replier, msgid: int | None, batch: Batch, name: str, predicate: Any
+    ) -> None:
+        """Cluster mode, read once the log was read to its end (``replica.synced``): on
+        every node once committed, through the log (``core.log``)."""
+        kind = feed.DROP_COHORT if predicate is None else feed.DEFINE_COHORT
+        ask = CohortAsk(name, predicate, Change(kind, 0, name=name, predicate=predicate))
+        if self._e.cohorts.ask(batch, ask):
+            self._feed_event(batch, ask.event)
+            batch.asks.append(ask)
+            self._e.committer.ack(conn, msgid, ask)
+        else:
+            self._e.committer.answer(conn, msgid, ask.result)
 
 
 class Outcome(Later):

@@ -38,6 +38,10 @@ OPEN_FANOUT: Final = 500_000  # aggregates added to (each signal: its communitie
 #: seconds a graceful stop goes on rewriting withdrawn rows (``core.rewrites``); boot
 #: resumes what is left
 REWRITE_AT_STOP: Final = 5.0
+#: cluster mode: how many times a batch is matched again against cohorts changed under it
+#: before its requests are refused: once is enough, as it is matched under the lock that
+#: orders the cohorts' changes (``replica.rematch``)
+REMATCH_TRIES: Final = 2
 #: a commit whose answer was lost on a path gone silent: its requests wait this long for its
 #: outcome to be found out, then are told it is unknown (error 2), rather than wait for as
 #: long as the path stays silent; memory still takes in the outcome once known. An answer
@@ -67,6 +71,10 @@ class Steps(Protocol):
         """``batch`` and ``later``, the open one built on it, were refused (their undo
         already ran). ``unknown``: ``batch``'s COMMIT was cut off, and whether it held could
         not be found out: what was written in it may be saved."""
+
+    def rematch(self, batch: Batch) -> bool:
+        """Cluster mode: ``batch``'s commit found the cohorts changed under its signals:
+        have it matched again, to be committed anew. False if it cannot be."""
 
     def unknown(self, batch: Batch, message: str) -> None:
         """``batch``'s COMMIT was cut off, and its outcome is still being found out: what
@@ -204,7 +212,7 @@ class Committer:
             self._hold(False)
             began = time.perf_counter()
             try:
-                await self._commit(batch)
+                await self._commit_current(batch)
             except StorageFailure as exc:
                 self._fail(batch, exc)
             except Exception as exc:  # a bug must not pass for a commit
@@ -231,6 +239,18 @@ class Committer:
                 self._settling.append((batch, done))
             elif not done.done():
                 done.set_result(None)
+
+    async def _commit_current(self, batch: Batch) -> None:
+        """Cluster mode: a batch refused because another change reached the cohorts first
+        is matched again and committed, a few times at most, before its requests are told."""
+        for _ in range(REMATCH_TRIES):
+            try:
+                await self._commit(batch)
+                return
+            except StorageFailure as exc:
+                if not exc.stale or not self._steps.rematch(batch):
+                    raise
+        await self._commit(batch)
 
     async def _commit(self, batch: Batch) -> None:
         """Returns once ``batch`` has committed; raises ``StorageFailure`` if it has not.

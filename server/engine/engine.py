@@ -173,8 +173,10 @@ class Engine:
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
             self.feed.cluster = True
-            for method in ("counts", "top", "cohorts"):
+            # reads that span users, and cohort changes: decided against the log's end
+            for method in ("counts", "top", "cohorts", "define_cohort", "drop_cohort"):
                 self._methods[method] = self.replica.synced(method, self._methods[method])
+            self.feed.resync = self.replica.synced("subscribe", self.feed.synced_subscribe)
 
     @property
     def tallies(self) -> int:
@@ -446,6 +448,14 @@ class Engine:
         self._next_seq = max(batch.first_seq, self._seq_floor)
         self.feed.failed(batch, later)
         self.past.failed((batch, later), unknown)
+
+    def rematch(self, batch: Batch) -> bool:
+        """Cluster mode: ``batch`` was refused for cohorts changed under it: it is matched
+        again as it is committed anew (``replica.rematch``). False: not cluster mode."""
+        if self.replica is None or batch.log is None:
+            return False
+        self.replica.rematch(batch)
+        return True
 
     def unknown(self, batch: Batch, message: str) -> None:
         self.past.unknown(batch, message)

@@ -18,6 +18,7 @@ replay still has to read, and a replay whose reader stops reading is closed so t
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +78,8 @@ class Feed:
         #: the transactions (``engine.replica``); the newest are kept for replays going live
         self.cluster = False
         self.recent: deque[Change] = deque(maxlen=RECENT)
+        #: ... and ``synced_subscribe`` once the log was read to its end (``replica``)
+        self.resync: Callable[[Replier, int | None, list[Any]], None] | None = None
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -96,11 +99,23 @@ class Feed:
     # -- the requests -----------------------------------------------------
 
     def subscribe(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        self._subscribe(conn, msgid, args, synced=False)
+
+    def synced_subscribe(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """Cluster mode: a subscribe read once the log was read to its end."""
+        self._subscribe(conn, msgid, args, synced=True)
+
+    def _subscribe(self, conn: Replier, msgid: int | None, args: list[Any], synced: bool) -> None:
         params.arity(args, "subscribe", "options={}", 0, 1)
         after, names = params.subscribe_options(args[0] if args else {})
         if conn in self._subs:
             raise InvalidParams("subscribe: this connection is subscribed already; unsubscribe")
         if after is not None and after > self.last_id:
+            if self.resync is not None and not synced:
+                # cluster mode: ``from`` may be an event read from another node that this
+                # one has not applied yet: judged against the log's end, not this node's
+                self.resync(conn, msgid, args)
+                return
             raise InvalidParams(f"options.from: {after} is past the last event id, {self.last_id}")
         kinds = None if names is None else frozenset(feed.KINDS[name] for name in names)
         sub = Subscription(conn, kinds, self.last_id if after is None else after, self)
@@ -202,19 +217,25 @@ class Feed:
             conn.flush()
             sub.msgid = None
         rows = page.rows
+        last_page = len(rows) < feed.PAGE
+        if self.cluster and rows and rows[-1][0] > self.last_id:
+            # the table holds events of other nodes' commits this node has not applied:
+            # they reach this subscriber live, as they are applied, in log order
+            rows = rows[: bisect.bisect(rows, self.last_id, key=lambda row: row[0])]
+            last_page = True
         kinds = sub.kinds
         mine = [(i, EVENT + data) for i, kind, data in rows if kinds is None or kind in kinds]
         if mine:
             conn.push(b"".join(data for _, data in mine))
             sub.last_sent = mine[-1][0]
             self.sent += len(mine)
-        if len(rows) < feed.PAGE and self.cluster:
+        if last_page and self.cluster:
             if rows:
                 sub.position = rows[-1][0]
             if not self._catch_up(sub):
                 self.read_on(sub)
             return
-        if len(rows) < feed.PAGE:  # caught up with every event committed before this batch
+        if last_page:  # caught up with every event committed before this batch
             sub.position = head
             sub.live = True
             return

@@ -18,6 +18,7 @@ from tidal.protocol import ErrorCode
 from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
 from tidal.server.core.feed import Change
+from tidal.server.core.rematch import rematch
 from tidal.server.core.replies import Replier
 from tidal.server.core.tallies import Contribution
 from tidal.server.errors import RequestError
@@ -59,8 +60,24 @@ class Replica:
         record = b"" if batch.past else commit_log.encode(batch)
         if record is None:
             return
-        before = batch.cohorts_at if batch.cohorts_at >= 0 else self.version
+        before = self.version  # what its signals were matched against (``rematch``)
         batch.log = Entry(record, self._node, before, before + len(batch.cohorts), self.applied)
+
+    def rematch(self, batch: Batch) -> None:
+        """``batch``'s commit found the cohorts changed under it: its next transaction
+        takes the log's head first, and holding it, which orders every change of the
+        cohorts, applies the records this node has not, then matches the batch again
+        and makes its record anew (``plans.catch_up``). Nothing can change between."""
+        assert batch.log is not None
+
+        def caught_up(records: list[tuple[int, str, bytes]]) -> None:
+            for log_id, node, record in records:
+                self.apply(log_id, node, record)
+            engine = self._engine
+            rematch(batch, engine.cohorts, engine.board, engine.budget)
+            self.prepare(batch)
+
+        batch.log.catch_up = caught_up
 
     def committed(self, batch: Batch) -> None:
         entry = batch.log
@@ -70,7 +87,7 @@ class Replica:
             self.apply(log_id, node, record)
         if entry.id > self.applied:  # else the follower has read it from the log already
             contributions = commit_log.board(batch)
-            self._apply(entry.id, contributions, self._changes(batch), batch.changes, own=True)
+            self._apply(entry.id, contributions, self._changes(batch), batch.changes)
 
     @staticmethod
     def _changes(batch: Batch) -> list[commit_log.CohortChange]:
@@ -84,7 +101,7 @@ class Replica:
         contributions, changes, events = commit_log.decode(record)
         built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
         pushed = commit_log.changes(events, self._engine.feed.last_id + 1) if events else []
-        self._apply(log_id, contributions, built, pushed, own=node == self._node)
+        self._apply(log_id, contributions, built, pushed)
 
     def _apply(
         self,
@@ -92,21 +109,18 @@ class Replica:
         contributions: Iterable[Contribution],
         changes: list[tuple[Any, ...]],
         events: list[Change],
-        *,
-        own: bool,
     ) -> None:
         if log_id != self.applied + 1:
             log.error("commit log: record %d applied after %d", log_id, self.applied)
         engine = self._engine
         if changes:
-            open_batch = engine.committer.open
-            if not own and open_batch.signals and open_batch.cohorts_at < 0:
-                # its signals were matched against the cohorts before these: it commits
-                # only if no change came between (``plans``), so it will be refused
-                open_batch.cohorts_at = self.version
             for change in changes:
                 engine.cohorts.applied(change[0], change[1] if len(change) > 1 else None)
             self.version += len(changes)
+            # what was read before these is matched again: the open batch commits after
+            # them (the one committing, if it was matched before them, is refused by the
+            # version it carries, and the writer matches it again: ``Engine.rematch``)
+            rematch(engine.committer.open, engine.cohorts, engine.board, engine.budget)
         board = engine.board
         board.advance(self._clock())
         board.add(contributions)

@@ -14,7 +14,7 @@ import msgpack
 
 from tidal.server.core import ledger, past
 from tidal.server.core import log as commit_log
-from tidal.server.core.batch import Batch
+from tidal.server.core.batch import Batch, Entry
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
 from . import buckets, events
@@ -107,9 +107,17 @@ _LOGGED: Final = _head(f" rows_in AS ({unnested(LEDGER)} RETURNING 1),") + _RECO
 _LOG_FIRST: Final = _head() + _RECORD_IN + _HEAD_READ
 _LOG_ID: Final = _head() + _HEAD_READ
 _LOG_RECORD: Final = "INSERT INTO tidal_log (id, node, record) VALUES (?, ?, ?)"
+#: _LOCK_ORDER: the locks a cluster's commits share are taken in one order, so that no two
+#: wait for each other (PostgreSQL found deadlocks between ``meta`` and the head when a
+#: batch rewriting a purge's rows took them the other way): the partitions it writes for
+#: (shared), then the log's head (the row of ``tidal_cluster``), then the rows it updates
+#: (``meta``, the keys it forgets, the rows and blocks a purge or erase rewrites). A batch
+#: of signals only takes the head last, but updates no row before it: its rows are new.
 #: the records of other nodes' commits before this one, that this node has not applied:
 #: a statement of its own, its snapshot taken once the lock above is held
 _LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
+_HEAD_LOCK: Final = "SELECT log_id FROM tidal_cluster FOR UPDATE"
+_LOG_PAST: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? ORDER BY id"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
@@ -142,11 +150,22 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
             yield Rows("SELECT 1")
         return False
     yield Begin()
-    # cluster mode, a batch of signals only: its rows and its record in one statement, last
-    signals_only = batch.log is not None and not (batch.cohorts or batch.changes or batch.past)
+    if batch.log is not None and batch.log.catch_up is not None:
+        yield from _catch_up(batch.log)
+    # cluster mode, a batch of signals only: its rows and its record in one statement, last.
+    # Every other takes the log's head first, then the rows it updates (``_LOCK_ORDER``)
+    signals_only = batch.log is not None and not (
+        batch.cohorts
+        or batch.changes
+        or batch.past
+        or batch.rewrite
+        or batch.retire
+        or batch.forget_keys_before is not None
+        or batch.probe
+    )
     if batch.log is not None:
         if not signals_only:  # first: events' ids come from it
-            yield from _logged(batch)
+            yield from _logged(batch, first=True)
     elif batch.parts:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
         if len(held) != len(batch.parts):
@@ -190,14 +209,15 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         batch.log.record = commit_log.encode(batch) or b""
         yield Exec(_LOG_RECORD, (batch.log.id, batch.log.node, batch.log.record))
     elif signals_only:
-        yield from _logged(batch)  # last: the lock held the least
+        yield from _logged(batch, first=False)  # last: the lock held the least
     yield Commit(batch_id)
     return True
 
 
-def _logged(batch: Batch) -> Plan[None]:
+def _logged(batch: Batch, *, first: bool) -> Plan[None]:
     """The fence and the batch's record into the commit log (``_LOGGED``); its events' ids;
-    then the records before it this node has not applied (``engine.replica``), if any."""
+    then the records before it this node has not applied (``engine.replica``), if any.
+    ``first``: before the batch's other writes, its rows among them."""
     parts, entry, changes = batch.parts, batch.log, batch.changes
     assert entry is not None
     fence = (list(parts), list(parts.values()))
@@ -206,7 +226,7 @@ def _logged(batch: Batch) -> Plan[None]:
     args: tuple[Any, ...]
     if batch.past:  # its record is written last (``apply``)
         sql, args = _LOG_ID, (*fence, *blocks, *head)
-    elif batch.cohorts or changes:
+    elif first:
         sql, args = _LOG_FIRST, (*fence, *blocks, *head, entry.node, entry.record)
     else:
         rows = list(zip(*batch.ledger, strict=True)) or [()] * len(LEDGER.types)
@@ -222,6 +242,16 @@ def _logged(batch: Batch) -> Plan[None]:
         change.id = i
     if log_id != entry.applied + 1:
         entry.earlier = yield Rows(_LOG_EARLIER, (entry.applied, log_id))
+
+
+def _catch_up(entry: Entry) -> Plan[None]:
+    """A batch a commit found the cohorts changed under: the head's lock first, which
+    every change of the cohorts takes; then, no change can come between, the records
+    this node has not applied, for it to apply and match the batch again by (a new
+    ``batch.log``)."""
+    assert entry.catch_up is not None
+    yield Rows(_HEAD_LOCK)
+    entry.catch_up((yield Rows(_LOG_PAST, (entry.applied,))))
 
 
 def _write_cohorts(batch: Batch) -> Plan[None]:

@@ -214,6 +214,7 @@ class PgStorage:
             raise StorageFailure(
                 "another node changed the cohorts while this batch was open",
                 transient=True,
+                stale=True,
                 refusal="retry: another node changed the cohorts after this request's signals"
                 " were matched against them; nothing of it was saved; send it again",
             ) from exc
