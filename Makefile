@@ -71,10 +71,12 @@ lint: $(STAMP)
 crash: $(STAMP)
 	TIDAL_CRASH_CYCLES=200 $(BIN)/python -m pytest tests/test_crash.py -s --timeout 1800
 
-# The fault-history checker run long: 200 faults per backend instead of 25, the same
+# The fault-history checker run long: 200 faults per backend and 120 on three nodes instead
+# of 25 and 12, the same
 # kinds (tests/history/, docs/RELIABILITY.md).
 history: $(STAMP) tools
 	TIDAL_HISTORY_FAULTS=$(or $(FAULTS),200) \
+	TIDAL_HISTORY_CLUSTER_FAULTS=$(or $(CLUSTER_FAULTS),120) \
 	  $(BIN)/python -m pytest tests/test_history.py -s
 
 # The long failover run: 10 faults in a row, each test, instead of 1.

@@ -19,7 +19,7 @@ import pytest
 from tidal.testing.postgres import Cluster
 
 from .conftest import Database, tmpfs
-from .history import nemesis
+from .history import cluster, nemesis
 from .history.run import run
 
 FAULTS = int(os.environ.get("TIDAL_HISTORY_FAULTS", "25"))
@@ -28,7 +28,12 @@ NEMESIS = os.environ.get("TIDAL_HISTORY_NEMESIS", ",".join(nemesis.NEMESIS)).spl
 #: about what the workload's aggregates take at their most: writes that would create
 #: aggregates are refused now and then (``full:``), and purges and erasures make room
 BUDGET = os.environ.get("TIDAL_HISTORY_BUDGET", "40K")
-pytestmark = pytest.mark.timeout(max(600, FAULTS * 60))
+#: ... and for three nodes (``history.cluster``)
+CLUSTER_FAULTS = int(os.environ.get("TIDAL_HISTORY_CLUSTER_FAULTS", "12"))
+CLUSTER_NEMESIS = os.environ.get("TIDAL_HISTORY_CLUSTER_NEMESIS", ",".join(cluster.NEMESIS)).split(
+    ","
+)
+pytestmark = pytest.mark.timeout(max(600, max(FAULTS, CLUSTER_FAULTS) * 60))
 
 
 def seed() -> int:
@@ -54,4 +59,20 @@ async def test_every_history_under_faults_is_exact(
         summary = await run(database, chosen, FAULTS, NEMESIS, "--checkpoint-signals", "500",
                             "--rewrite-chunk", "2", "--memory-budget", BUDGET, pg=pg,
                             standby=database.backend == "postgresql", disk=disk)  # fmt: skip
+    print(summary)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_every_cluster_history_under_faults_is_exact(
+    database: Database, request: pytest.FixtureRequest
+) -> None:
+    """Three nodes (``history.cluster``): nodes killed, stopped, paused past their session,
+    added and removed, PostgreSQL restarted, all under load through every node."""
+    chosen = seed()
+    print(f"history seed {chosen}")
+    pg: Cluster = request.getfixturevalue("pg_cluster")
+    # no memory budget: a node holds every node's aggregates, and bounds what it accepts
+    # itself only (docs/SCALING.md)
+    summary = await run(database, chosen, CLUSTER_FAULTS, CLUSTER_NEMESIS, "--rewrite-chunk", "2",
+                        pg=pg, cluster=True)  # fmt: skip
     print(summary)

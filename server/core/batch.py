@@ -66,10 +66,10 @@ class Batch:
     decay: list[tuple[int, int]] = field(default_factory=list)  # the board's, for the writer
     now_ns: int = 0  # when the writer took it: which buckets are still kept
     users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py
-    #: idempotency keys: key -> (seq, forwarded, ts_ns). One entry per key, the last use:
+    #: idempotency keys: key -> (seq, forwarded, ts_ns, user). One entry per key, the last use:
     #: a key can be used twice in one batch (its first use erased, or past the window or the
     #: cap), and one upsert statement may not write a row twice
-    keys: dict[str, tuple[int, bool, int]] = field(default_factory=dict)
+    keys: dict[str, tuple[int, bool, int, int | None]] = field(default_factory=dict)
     forget_keys_before: int | None = None  # ts_ns: keys older than this leave the table
     past: list[Withdrawal] = field(default_factory=list)  # purges and erases, in order
     rewrite: Rewrite | None = None  # a chunk of the rows of withdrawals before

@@ -8,12 +8,14 @@ lookup on the signal path) and in the ``signal_keys`` table, pruned at checkpoin
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple, TypeAlias
 
 from .batch import Batch
 
-#: what a key maps to: the first signal's seq, whether it was forwarded, when it came
-Ack: TypeAlias = tuple[int, bool, int]
+#: what a key maps to: the first signal's seq, whether it was forwarded, when it came, and
+#: (cluster mode) whose it was: a node taking the user's partition over replaces it
+Ack: TypeAlias = tuple[int, bool, int, int | None]
 
 
 class Keys:
@@ -37,8 +39,13 @@ class Keys:
             return None  # a retry of an erased signal: its key is forgotten
         return ack
 
-    def adopt(self, loaded: OrderedDict[str, Ack]) -> None:
-        """Cluster mode: the keys of partitions taken over, as the database holds them."""
+    def adopt(self, ours: Callable[[int], bool], loaded: OrderedDict[str, Ack]) -> None:
+        """Cluster mode: the keys of partitions taken over, as the database holds them,
+        replace what this node knew of them from when it last served them (another node
+        may have erased their signals since, and the keys with them)."""
+        stale = [k for k, ack in self._keys.items() if ack[3] is not None and ours(ack[3])]
+        for key in stale:
+            del self._keys[key]
         for key, ack in loaded.items():
             known = self._keys.get(key)
             if known is None or known[2] <= ack[2]:

@@ -45,7 +45,10 @@ def refuse(
                     answer(conn, msgid, result.answer)
                     touched[conn] = None
                     continue
-                conn.reply_error(msgid, code, result.refused(message, batches))
+                text = result.refused(message, batches)
+                # part of it was saved (a leave before its purge): never "moved", which says
+                # nothing was, and which a routing client follows by sending it again
+                conn.reply_error(msgid, code if text == message else ErrorCode.UNAVAILABLE, text)
             else:
                 conn.reply_error(msgid, code, message)
             touched[conn] = None

@@ -31,7 +31,7 @@ from tidal.server.core.board import Board, Key
 from tidal.server.core.budget import Budget
 from tidal.server.core.chunks import Shelf
 from tidal.server.core.cohorts import Registry
-from tidal.server.core.keys import Keys
+from tidal.server.core.keys import Ack, Keys
 from tidal.server.core.members import Members
 from tidal.server.core.owners import Owners
 from tidal.server.core.replies import Replier
@@ -322,7 +322,7 @@ class Engine:
              ledger.NOT_GIVEN if at_ns is None else at_ns)
         )  # fmt: skip
         if key is not None:
-            self.keys.remember(batch, key, (seq, forwarded, now_ns))
+            self.keys.remember(batch, key, (seq, forwarded, now_ns, user_id))
         batch.signals += 1
         batch.writes += 1
         return seq, forwarded
@@ -467,7 +467,7 @@ class Engine:
         ours: Callable[[int], bool],
         left: dict[int, int],
         rejoined: dict[int, int],
-        keys: OrderedDict[str, tuple[int, bool, int]],
+        keys: OrderedDict[str, Ack],
         first_seq: int,
         rules: dict[int, Rule],
     ) -> None:
@@ -475,7 +475,7 @@ class Engine:
         rules of purges and erasures whose rows are still to rewrite, which this node
         goes on with), and seqs from a block above any their previous owner used."""
         self.members.reload(ours, left, rejoined)
-        self.keys.adopt(keys)
+        self.keys.adopt(ours, keys)
         self.past.adopt(ours, rules)
         self._seq_floor = max(self._seq_floor, first_seq)
         self._next_seq = max(self._next_seq, first_seq)

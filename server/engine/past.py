@@ -278,7 +278,10 @@ class Past:
                         self._owners.check(a.w.user_id, batch)
                     except RequestError as exc:
                         self._unerasing(a.w)
-                        self._refuse(a, str(exc), exc.code)
+                        if a.saved:  # a leave was saved: never "moved", which says none was
+                            self._refuse_unsurveyed(a, exc)
+                        else:
+                            self._refuse(a, str(exc), exc.code)
                         continue
                 a.w.survey = found
                 self._joined[to_db(a.w.user_id)] = asyncio.get_running_loop().create_future()
@@ -290,7 +293,8 @@ class Past:
                     request()
 
     def _refuse_unsurveyed(self, a: Asked, exc: Exception) -> None:
-        """The user's rows could not be read. What the request wrote as it was read (a
+        """The user's rows could not be read (or the user is no longer served here: error
+        2 all the same, since part of it may be saved). What the request wrote as it was read (a
         leave) is in the batch it was read in: the refusal says it is saved only once that
         batch has committed, and goes out with it (refused with it, if it is)."""
         if not a.saved:

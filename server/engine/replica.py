@@ -140,8 +140,10 @@ class Replica:
                 handler(conn, msgid, args)
                 return
             done = self.sync()
+            conn.hold(True)  # its later requests wait: it answers as of its place among them
 
             def answer(_: asyncio.Future[None]) -> None:
+                conn.hold(False)
                 failed = None if done.cancelled() else done.exception()
                 try:
                     if failed is not None:

@@ -93,7 +93,9 @@ def load(
         " ORDER BY ts_ns DESC LIMIT ?",
         (keys_since_ns, max_keys),
     )
-    keys = OrderedDict((key, (seq, bool(fwd), ts)) for key, seq, fwd, ts in reversed(newest_keys))
+    keys = OrderedDict(
+        (key, (seq, bool(fwd), ts, None)) for key, seq, fwd, ts in reversed(newest_keys)
+    )
     ((last_event,),) = yield Rows("SELECT MAX(at_ns) FROM history")  # at_ns only grows
     last_event_id, last_feed_ns = yield from events.last(int(meta.get("last_event_id", 0)))
     next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)

@@ -37,7 +37,7 @@ class Snapshot:
     #: seq, entity, kind, weight, forwarded, context, at_ns: every row past the watermark
     ledger_tail: list[tuple[int, str, str, float, int, bytes | None, int]]
     #: idempotency key -> (seq, forwarded, ts_ns), oldest first
-    keys: OrderedDict[str, tuple[int, bool, int]]
+    keys: OrderedDict[str, tuple[int, bool, int, int | None]]
     ledger_rows: int
     last_event_ns: int  # the latest event in any user's history, or the change feed
     next_block: int  # the first seq that no block of ledger_users lists yet

@@ -176,7 +176,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
     yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
     if batch.cohorts:
         yield from _write_cohorts(batch)
-    yield Put(_KEYS, [(key, *ack) for key, ack in batch.keys.items()])
+    yield Put(_KEYS, [(key, seq, fwd, ts) for key, (seq, fwd, ts, _) in batch.keys.items()])
     if batch.probe:
         yield Exec(SET_META, ("health_probe_ns", time.time_ns()))
     if batch.forget_keys_before is not None:

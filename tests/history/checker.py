@@ -28,7 +28,7 @@ from tidal.client import Client
 from ..conftest import Database
 from . import model
 from .record import INFINITY, History, Op
-from .workload import ENTITIES, KINDS, USERS
+from .workload import ENTITIES, KINDS, USERS, Caller
 
 WITHDRAWING = {"purge", "erase"}
 #: a decayed score's tolerance, relative to the entity's weight sum: see the closing note of
@@ -135,8 +135,13 @@ class Timeline:
 
 
 class Checker:
-    def __init__(self, history: History, db: Database, client: Client) -> None:
+    def __init__(self, history: History, db: Database, client: Caller, nodes: list[Client],
+                 clustered: bool = False) -> None:  # fmt: skip
+        """``client`` for each user's reads; ``nodes``: a client on each node (one for one
+        tidal), whose every read and feed is checked."""
         self.history, self.db, self.client = history, db, client
+        self.nodes = nodes
+        self.clustered = clustered
         self.anomalies: list[tuple[float, str]] = []
         self.users = {user: Timeline(ops) for user, ops in history.changes.items()}
 
@@ -150,9 +155,14 @@ class Checker:
         rows = await model.ledger(self.db)
         names: dict[int, str] = dict(await self.db.rows("SELECT id, name FROM cohorts"))
         self.signals(rows)
-        await self.reads(list(rows.values()), names)
         await self.memberships()
-        await self.feed()
+        events = []
+        for node in self.nodes:
+            await self.reads(node, list(rows.values()), names)
+            events.append(await self.feed(node))
+        if any(got != events[0] for got in events):
+            self.wrong(0, "the nodes' feeds from 0 differ: " + ", ".join(
+                f"{len(got)} events" for got in events))  # fmt: skip
         return self.anomalies + self.history.observed
 
     # -- the ledger against what was acknowledged ----------------------------
@@ -250,15 +260,15 @@ class Checker:
 
     # -- every read against a recompute ------------------------------------
 
-    async def reads(self, rows: list[model.Row], names: dict[int, str]) -> None:
-        stats = await self.client.call("stats")
-        if stats["ledger_rows"] != len(rows):
+    async def reads(self, node: Client, rows: list[model.Row], names: dict[int, str]) -> None:
+        stats = await node.call("stats")
+        if not self.clustered and stats["ledger_rows"] != len(rows):  # a node counts its own
             self.wrong(
                 0, f"stats.ledger_rows {stats['ledger_rows']}, ledger_counted holds {len(rows)}"
             )
         for window in ("all", *model.WINDOWS):
             before = time.time_ns()
-            got = {e: await self.client.call("counts", e, {"window": window}) for e in ENTITIES}
+            got = {e: await node.call("counts", e, {"window": window}) for e in ENTITIES}
             empty: dict[str, Any] = {"ledger": {}, "cohorts": {}, "communities": {}}
             expected = [model.counts(rows, names, window, t) for t in (before, time.time_ns())]
             for e in ENTITIES:
@@ -275,16 +285,17 @@ class Checker:
             for kind in KINDS:
                 for by in ("count", "weight", "trend"):
                     for window in ("all", *model.WINDOWS) if by != "trend" else ("all",):
-                        await self.top(placed[layer, name], names, layer, name, kind, by, window)
+                        await self.top(node, placed[layer, name], names, layer, name, kind, by,
+                                       window)  # fmt: skip
 
-    async def top(self, rows: list[model.Row], names: dict[int, str], layer: str, name: str | None,
-                  kind: str, by: str, window: str) -> None:  # fmt: skip
+    async def top(self, node: Client, rows: list[model.Row], names: dict[int, str], layer: str,
+                  name: str | None, kind: str, by: str, window: str) -> None:  # fmt: skip
         options: dict[str, Any] = {"by": by, "limit": PAGE}
         if by != "trend":
             options["window"] = window
         shown: list[dict[str, Any]] = []
         while True:
-            page = await self.client.call("top", layer, name, kind, options)
+            page = await node.call("top", layer, name, kind, options)
             shown += page["entities"]
             if page["next"] is None:
                 break
@@ -363,14 +374,17 @@ class Checker:
                     ),
                 )
 
-    async def feed(self) -> None:
+    async def feed(self, node: Client) -> list[tuple[int, str, int | None]]:
+        """``node``'s feed from 0 checked; what it sent."""
         (last,) = (await self.db.rows("SELECT COALESCE(MAX(id), 0) FROM events"))[0]
         ids: list[int] = []
+        sent: list[tuple[int, str, int | None]] = []
         per_user: dict[int, Counter[str]] = defaultdict(Counter)
 
         async def read() -> None:
-            async for event in self.client.subscribe(0):
+            async for event in node.subscribe(0):
                 ids.append(event.id)
+                sent.append((event.id, event.event, event.user_id))
                 if event.user_id is not None:
                     per_user[event.user_id][event.event] += 1
                 if event.id >= last:
@@ -383,3 +397,4 @@ class Checker:
             self.wrong(0, f"the feed from 0 is not 1..{last}: {ids[:5]}...{ids[-5:]} ({len(ids)})")
         for user in USERS:
             self.events(user, per_user[user], "the feed")
+        return sent

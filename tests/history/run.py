@@ -16,9 +16,10 @@ from tidal.testing.postgres import Cluster
 
 from ..conftest import Database
 from .checker import Checker
+from .cluster import ClusterTarget
 from .nemesis import Target
 from .record import History
-from .workload import Load
+from .workload import CALL_TIMEOUT, PROBE_USERS, PROBES, Load, dial_port
 
 
 @dataclass
@@ -43,10 +44,21 @@ class Summary:
         )
 
 
-async def check(history: History, database: Database, target: Target) -> list[tuple[float, str]]:
+async def check(
+    history: History, database: Database, target: Target | ClusterTarget
+) -> list[tuple[float, str]]:
     await target.settle()
+    if isinstance(target, ClusterTarget):  # routed by user; the reads of every node checked
+        routed = await target.dial(PROBE_USERS, 60)
+        readers = await target.readers()
+        try:
+            return await Checker(history, database, routed, readers, clustered=True).run()
+        finally:
+            await routed.close()
+            for c in readers:
+                await c.close()
     async with await Client.connect("127.0.0.1", target.port(), timeout=60) as c:
-        return await Checker(history, database, c).run()
+        return await Checker(history, database, c, [c]).run()
 
 
 STATS = "stats.aggregates_bytes"
@@ -67,12 +79,21 @@ def kinds(anomalies: list[tuple[float, str]], most: int = 8) -> list[str]:
 
 async def run(database: Database, seed: int, faults: int, nemesis: list[str], *extra: str,
               pg: Cluster | None = None, standby: bool = False,
-              disk: Path | None = None) -> Summary:  # fmt: skip
+              disk: Path | None = None, cluster: bool = False) -> Summary:  # fmt: skip
+    """``cluster``: three nodes (``history.cluster``) rather than one server."""
     rng = random.Random(seed)
     history = History(seed)
-    target = Target(database, history, *extra, pg=pg, standby=standby, disk=disk)
     began = time.monotonic()
-    load = Load(history, rng, target.port, target.up)
+    target: Target | ClusterTarget
+    if cluster:
+        target = ClusterTarget(database, history, *extra, pg=pg)
+        routed = target
+        load = Load(history, rng,
+                    lambda i: routed.dial(PROBE_USERS + i, CALL_TIMEOUT, pinned=i < PROBES),
+                    target.up, one_user=True)  # fmt: skip
+    else:
+        target = Target(database, history, *extra, pg=pg, standby=standby, disk=disk)
+        load = Load(history, rng, dial_port(target.port), target.up)
     checks = 0
     try:
         await target.start()

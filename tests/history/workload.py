@@ -13,7 +13,7 @@ import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from tidal.client import CallTimeout, Client, ConnectionLost, ServerError
 
@@ -63,8 +63,11 @@ class Signals:
         return self.content(self.rng, None)
 
 
-def request(rng: random.Random, signals: Signals) -> tuple[str, list[Any], int | None]:
-    """One random operation: method, params, and the user it is about."""
+def request(
+    rng: random.Random, signals: Signals, one_user: bool = False
+) -> tuple[str, list[Any], int | None]:
+    """One random operation: method, params, and the user it is about. ``one_user``: a
+    batch's signals are of one user (cluster mode: one node serves them all)."""
     roll = rng.random()
     user = rng.choice(USERS)
     if roll < 0.55:
@@ -74,6 +77,11 @@ def request(rng: random.Random, signals: Signals) -> tuple[str, list[Any], int |
         items: dict[Any, list[Any]] = {}
         for _ in range(rng.randrange(1, 7)):
             item = signals.one()
+            if one_user and items:
+                first = next(iter(items.values()))[0]
+                if "id" in item[4] and item[0] != first:
+                    continue  # a keyed signal's user follows from its key
+                item[0] = first
             items.setdefault(item[4].get("id") or len(items), item)  # a key once per batch
         ack = rng.choice(["full", "compact"])
         return "signal_batch", [list(items.values()), {"ack": ack}], None
@@ -93,28 +101,50 @@ def request(rng: random.Random, signals: Signals) -> tuple[str, list[Any], int |
     return "drop_cohort", [name], None
 
 
+class Caller(Protocol):
+    """What a connection's tasks call: a ``Client``, or cluster mode's ``RoutedClient``."""
+
+    @property
+    def is_connected(self) -> bool: ...
+
+    async def call(self, method: str, *params: Any) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+#: a new client for connection ``index``
+Dial = Callable[[int], Awaitable[Caller]]
+
+
+def dial_port(port: Callable[[], int]) -> Dial:
+    """Clients of the one server listening on ``port()``."""
+
+    async def dial(index: int) -> Caller:
+        return await Client.connect("127.0.0.1", port(), timeout=CALL_TIMEOUT, reconnect=0)
+
+    return dial
+
+
 class Connection:
     """One client connection shared by a few pipelining tasks; reconnects once the
     server is back (``up``), never retrying a call itself: each call is recorded once."""
 
-    def __init__(self, index: int, port: Callable[[], int], up: asyncio.Event) -> None:
+    def __init__(self, index: int, dial: Dial, up: asyncio.Event) -> None:
         self.index = index
-        self.port = port
+        self.dial = dial
         self.up = up
-        self.client: Client | None = None
+        self.client: Caller | None = None
         self.lock = asyncio.Lock()
 
-    async def get(self) -> Client:
+    async def get(self) -> Caller:
         async with self.lock:
             while self.client is None or not self.client.is_connected:
                 if self.client is not None:
                     await self.client.close()
                     self.client = None
                 await self.up.wait()
-                with contextlib.suppress(OSError, ConnectionLost, CallTimeout):
-                    self.client = await Client.connect(
-                        "127.0.0.1", self.port(), timeout=CALL_TIMEOUT, reconnect=0
-                    )
+                with contextlib.suppress(OSError, ConnectionLost, CallTimeout, ServerError):
+                    self.client = await self.dial(self.index)
                 if self.client is None:
                     await asyncio.sleep(0.05)  # the server is starting: a pace, not a sync
             return self.client
@@ -139,6 +169,8 @@ async def call(history: History, conn: Connection, method: str, params: list[Any
 #: the users and entities of ``in_order``'s probes: their own, so that no other operation
 #: (an erase above all) changes what their reads count
 PROBE_USERS = 10**6
+#: the connections with a probe
+PROBES = 2
 
 
 async def in_order(history: History, conn: Connection, rng: random.Random, index: int,
@@ -204,9 +236,10 @@ def record(history: History, op: Op, outcome: Any) -> None:
 
 
 async def worker(history: History, conn: Connection, rng: random.Random, signals: Signals,
-                 stop: asyncio.Event, done: Callable[[], None]) -> None:  # fmt: skip
+                 stop: asyncio.Event, done: Callable[[], None],
+                 one_user: bool) -> None:  # fmt: skip
     while not stop.is_set():
-        method, params, user = request(rng, signals)
+        method, params, user = request(rng, signals, one_user)
         op = await call(history, conn, method, params, user)
         done()
         if op is not None and op.outcome == "fail" and str(op.reply).startswith("2 "):
@@ -219,10 +252,11 @@ async def worker(history: History, conn: Connection, rng: random.Random, signals
 class Load:
     """``connections`` connections of ``depth`` pipelining tasks each, until stopped."""
 
-    def __init__(self, history: History, rng: random.Random, port: Callable[[], int],
-                 up: asyncio.Event, connections: int = 8, depth: int = 3) -> None:  # fmt: skip
+    def __init__(self, history: History, rng: random.Random, dial: Dial, up: asyncio.Event,
+                 connections: int = 8, depth: int = 3, one_user: bool = False) -> None:  # fmt: skip
         self.history, self.rng, self.up = history, rng, up
-        self.conns = [Connection(i, port, up) for i in range(connections)]
+        self.one_user = one_user
+        self.conns = [Connection(i, dial, up) for i in range(connections)]
         self.depth = depth
         self.signals = Signals(rng)
         self.completed = 0
@@ -231,7 +265,7 @@ class Load:
         self._reached = asyncio.Event()
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.watcher = Connection(connections, port, up)
+        self.watcher = Connection(connections, dial, up)
         #: the most the aggregates took past what was allowed, and that, in bytes
         self.memory_over = (0, 0)
 
@@ -251,6 +285,7 @@ class Load:
                     self.signals,
                     self._stop,
                     self._done,
+                    self.one_user,
                 )
             )
             for conn in self.conns
@@ -258,7 +293,7 @@ class Load:
         ]
         self.starts += 1
         self._tasks.append(asyncio.create_task(self._watch_memory(self.watcher)))
-        for conn in self.conns[:2]:  # a probe of reads in order on two connections
+        for conn in self.conns[:PROBES]:  # a probe of reads in order on each
             rng = random.Random(self.rng.random())
             prefix = f"q{conn.index}.{self.starts}"
             probe = in_order(self.history, conn, rng, conn.index, prefix, self._stop, self._done)
@@ -270,7 +305,7 @@ class Load:
         loads what the database holds, even past the budget (PROTOCOL.md): writes may
         not add to what a server held when first seen (on each new connection), if that
         was more."""
-        seen: Client | None = None  # a new connection: a server started, or back
+        seen: Caller | None = None  # a new connection: a server started, or back
         most = 0
         while not self._stop.is_set():
             client = await conn.get()

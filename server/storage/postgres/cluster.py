@@ -92,7 +92,7 @@ class PartitionState:
 
     left: dict[int, int]
     rejoined: dict[int, int]
-    keys: OrderedDict[str, tuple[int, bool, int]]
+    keys: OrderedDict[str, tuple[int, bool, int, int | None]]
     rules: dict[int, Rule] = field(default_factory=dict)  # by user as stored
 
 
@@ -246,7 +246,7 @@ async def load(
     rows: list[Any] = await conn.fetch(_KEYS, keys_since_ns, max_keys, timeout=None)
     for key, seq, forwarded, ts, user in reversed(rows):
         if ours(from_db(user)):
-            state.keys[key] = (seq, bool(forwarded), ts)
+            state.keys[key] = (seq, bool(forwarded), ts, from_db(user))
     for user, purge_before, erase_before in await conn.fetch(_RULES, timeout=None):
         if ours(from_db(user)):
             state.rules[user] = Rule(purge_before, erase_before)
