@@ -30,8 +30,9 @@ from typing import Final
 import asyncpg
 
 from tidal.server.config import Config
-from tidal.server.core import shares
+from tidal.server.core import shares, snapshot
 from tidal.server.core.owners import Owners
+from tidal.server.core.snapshot import rows as snapshot_rows
 from tidal.server.engine.engine import Engine
 from tidal.server.follow import Follower
 from tidal.server.logs import Throttle
@@ -46,6 +47,9 @@ _trouble = Throttle(log)
 
 #: seconds between two reads of the partition table, at most
 TICK: Final = 0.5
+#: log records past the newest checkpoint after which a node writes one of its own, and
+#: the log below it is pruned: what a boot replays, and what the log holds, at most
+CHECKPOINT_RECORDS: Final = 500
 #: ... and past a read, how long what it confirmed holds: under the time another node
 #: needs to take a partition over (this node's writer session ended: silent past
 #: --db-idle-timeout, its probe coming every quarter of it, or cut off, about 4 s with the
@@ -65,6 +69,8 @@ class Node:
         self._engine: Engine | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()  # a tick now: stopping, or a checkpoint due
+        self._checkpointed = 0.0  # when this node last wrote one (time.monotonic)
         self._lease = min(config.db_idle_timeout * LEASE_SHARE, LEASE_MAX)
         self._tick_every = min(TICK, self._lease / 3)
         self.first_seq = 0  # where this run's seqs start: a block of its own
@@ -105,11 +111,15 @@ class Node:
         assert self._conn is not None
         self._shared = await tables.shared(self._conn)
         shared = self._shared
+        board = snapshot.board
+        if shared.board is not None:  # the newest checkpoint: the log is replayed past it
+            board = snapshot_rows(shared.board, board.decay)
         return dataclasses.replace(
             snapshot,
             cohorts=shared.cohorts,
             next_cohort_id=shared.next_cohort_id,
             last_event_id=shared.events,
+            board=board,
         )
 
     def start(self, engine: Engine, clock: Callable[[], int]) -> None:
@@ -122,6 +132,8 @@ class Node:
         self._engine = engine
         self._clock = clock
         engine.committer.lost = self._lost
+        engine.replica.gap = self._gap
+        engine.replica.due = self._wake.set
         self._follower = Follower(self._storage, engine.replica)
         self._follower.start()
         engine.committer.stale = self._follower.wake
@@ -130,6 +142,7 @@ class Node:
     async def stop(self) -> None:
         """Serve nothing more; the partitions go when the writer's session (its lock) ends."""
         self._stopping.set()
+        self._wake.set()
         if self._task is not None:
             await self._task
         if self._follower is not None:
@@ -138,12 +151,26 @@ class Node:
             await close_quietly(self._conn)
             self._conn = None
 
+    def _gap(self, applied: int, log_id: int) -> None:
+        """The log past what this node applied is gone: it was away (paused, cut off) while
+        the others checkpointed and pruned it. It cannot catch up by the log: it stops, and
+        a restart boots it from the newest checkpoint."""
+        assert self._engine is not None
+        deposed = self._engine.committer.deposed
+        if deposed is not None and not deposed.done():
+            deposed.set_result(
+                f"cluster: this node had applied the commit log to {applied}, and the next"
+                f" record kept is {log_id}: it was away while the others pruned the log;"
+                " restart it (it boots from the newest checkpoint)"
+            )
+
     def _lost(self, parts: frozenset[int]) -> None:
         for part in parts:
             self.owners.owned.pop(part, None)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
+            self._wake.clear()
             try:
                 await self._tick()
             except Exception as exc:
@@ -152,7 +179,7 @@ class Node:
                     self._conn.terminate()
                     self._conn = None
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self._tick_every)
+                await asyncio.wait_for(self._wake.wait(), self._tick_every)
 
     async def _tick(self) -> None:
         if self._conn is None:
@@ -160,6 +187,7 @@ class Node:
         conn, owners, me = self._conn, self.owners, self.owners.node
         asked = time.monotonic()
         live, rows = await tables.read_map(conn)
+        await self._keep_log(conn)
         if me in live:
             owners.valid_until = asked + self._lease
         owners.map = [(node if node in live else None, epoch) for node, epoch in rows]
@@ -176,6 +204,36 @@ class Node:
             await self._release(conn, {p: rows[p][1] for p in release})
         if take:
             await self._take(conn, take)
+
+    async def _keep_log(self, conn: asyncpg.Connection) -> None:
+        """How far this node has applied the log, for the others to know; and once the
+        newest checkpoint is ``CHECKPOINT_RECORDS`` behind it, one of its own board, and
+        the log no node needs any more pruned."""
+        engine = self._engine
+        assert engine is not None and engine.replica is not None
+        replica = engine.replica
+        await tables.publish(conn, self.owners.node, replica.applied)
+        newest = await tables.newest_checkpoint(conn)
+        replica.checkpoint_at = newest + CHECKPOINT_RECORDS  # a tick then, not in 0.5 s
+        if replica.applied < replica.checkpoint_at:
+            return
+        if time.monotonic() - self._checkpointed < self._config.checkpoint_seconds:
+            # the board is packed whole, on the loop: at most this often per node
+            replica.checkpoint_at = replica.applied + CHECKPOINT_RECORDS
+            return
+        self._checkpointed = time.monotonic()
+        began = time.perf_counter()
+        applied, now = replica.applied, self._clock()
+        engine.board.advance(now)
+        board = snapshot.pack(engine.board, engine.shelf, now)  # as of ``applied``, at once
+        packed = time.perf_counter() - began
+        replica.checkpoint_at = applied + CHECKPOINT_RECORDS
+        pruned = await tables.checkpoint(conn, self.owners.node, applied, now, board)
+        log.info(
+            "checkpoint of the board to log record %d: %d bytes (packed in %.3fs, written in"
+            " %.3fs); %d log records pruned",
+            applied, len(board), packed, time.perf_counter() - began - packed, pruned,
+        )  # fmt: skip
 
     async def _take(self, conn: asyncpg.Connection, parts: list[int]) -> None:
         owners, engine, config = self.owners, self._engine, self._config

@@ -135,7 +135,9 @@ class Config:
         "aggregates are checkpointed after this many signals (boot replays the ledger since)",
     )
     checkpoint_seconds: float = _setting(
-        CHECKPOINT_SECONDS, "... or after this many seconds, whichever comes first"
+        CHECKPOINT_SECONDS,
+        "... or after this many seconds, whichever comes first (cluster mode: a node's board"
+        " at most this often, once 500 commit log records are past the newest checkpoint)",
     )
     idempotency_window: float = _setting(
         24 * 3600.0,

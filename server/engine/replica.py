@@ -39,6 +39,12 @@ class Replica:
         self.version = 0  # cohort changes ever committed: what signals are matched against
         #: a round of the log read to its end (``cluster``); set once the node starts
         self.sync: Callable[[], asyncio.Future[None]] | None = None
+        #: told (last applied, next record kept) when the log past what this node applied
+        #: was pruned: it cannot catch up by the log (``cluster``)
+        self.gap: Callable[[int, int], None] = lambda applied, log_id: None
+        #: ... and once the log is applied to ``checkpoint_at``: a checkpoint may be due
+        self.due: Callable[[], None] = lambda: None
+        self.checkpoint_at = 1 << 62
 
     def replay(self, records: Iterable[tuple[int, str, bytes]], head: int, version: int) -> int:
         """At boot: the board from every record (cohorts come from their table, as of the
@@ -98,6 +104,9 @@ class Replica:
     def apply(self, log_id: int, node: str, record: bytes) -> None:
         if log_id <= self.applied:
             return
+        if log_id != self.applied + 1:  # the records between were pruned: never applied
+            self.gap(self.applied, log_id)
+            return
         contributions, changes, events = commit_log.decode(record)
         built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
         pushed = commit_log.changes(events, self._engine.feed.last_id + 1) if events else []
@@ -127,6 +136,8 @@ class Replica:
         if any(len(change) == 1 for change in changes):
             board.keep_cohorts(set(engine.cohorts.names()))
         self.applied = log_id
+        if log_id >= self.checkpoint_at:
+            self.due()
         if events:
             engine.feed.applied(events)
 

@@ -213,6 +213,11 @@ class ClusterTarget:
     async def settle(self, within: float = 60) -> None:
         """Returns once every node running says every partition is served by a node
         running, all alike (a state, polled): a check reads a settled cluster."""
+        for node in self.nodes:  # as a supervisor would: one that stopped by itself (away
+            if not node.running:  # while the others pruned the log) is started again
+                code = await node.process.wait()
+                self.history.fault(f"{node.address} exited {code} by itself; started again")
+                await node.start()
         wanted = {node.address for node in self.nodes}
         deadline = time.monotonic() + within
         maps: list[Any] = []

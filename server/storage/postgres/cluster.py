@@ -52,6 +52,13 @@ _TABLES: Final = (
         lock_class BIGINT NOT NULL,  -- the advisory lock its writer holds while alive
         lock_key BIGINT NOT NULL
     )""",
+    "ALTER TABLE tidal_nodes ADD COLUMN IF NOT EXISTS applied BIGINT NOT NULL DEFAULT 0",
+    """CREATE TABLE IF NOT EXISTS tidal_checkpoints (
+        node TEXT PRIMARY KEY,
+        log_id BIGINT NOT NULL,  -- the last log record the board holds
+        at_ns BIGINT NOT NULL,
+        board BYTEA NOT NULL  -- ``core.snapshot``
+    )""",
     """CREATE TABLE IF NOT EXISTS tidal_partitions (
         part INT PRIMARY KEY,
         epoch BIGINT NOT NULL,  -- bumped by each take: what every write transaction checks
@@ -156,6 +163,19 @@ async def join(
 
 
 _LOG_AFTER: Final = "SELECT id, node, record FROM tidal_log WHERE id > $1 ORDER BY id LIMIT $2"
+_NEWEST: Final = "SELECT log_id, board FROM tidal_checkpoints ORDER BY log_id DESC LIMIT 1"
+_CHECKPOINT: Final = """
+    INSERT INTO tidal_checkpoints (node, log_id, at_ns, board) VALUES ($1, $2, $3, $4)
+    ON CONFLICT (node) DO UPDATE SET log_id = excluded.log_id, at_ns = excluded.at_ns,
+        board = excluded.board"""
+#: the log below what the newest checkpoint covers and every live node has applied (a
+#: node's published ``applied`` is never ahead of its own): no node needs it any more, a
+#: booting one loads that checkpoint; a node away past it stops (``replica``)
+_PRUNE: Final = f"""
+    DELETE FROM tidal_log WHERE id <= LEAST(
+        (SELECT MAX(log_id) FROM tidal_checkpoints),
+        (SELECT MIN(applied) FROM tidal_nodes WHERE node IN ({_LIVE})))"""
+_PUBLISH: Final = "UPDATE tidal_nodes SET applied = $2 WHERE node = $1"
 
 
 @dataclass(slots=True)
@@ -164,6 +184,7 @@ class Shared:
 
     cohorts: list[tuple[int, str, Any]]
     next_cohort_id: int
+    board: bytes | None  # the newest checkpoint (``core.snapshot``), if any
     head: int  # the log's last id
     version: int  # cohort changes committed
     events: int  # the change feed's last event id
@@ -171,7 +192,8 @@ class Shared:
 
 
 async def shared(conn: asyncpg.Connection) -> Shared:
-    """At boot: the cohorts and the whole log, in one snapshot (the board is the log's sum)."""
+    """At boot: the cohorts, the newest checkpoint and the log past it, in one snapshot (the
+    board is the log's sum)."""
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         row = await conn.fetchrow("SELECT log_id, cohorts, events FROM tidal_cluster")
         assert row is not None  # made with the cluster
@@ -179,9 +201,38 @@ async def shared(conn: asyncpg.Connection) -> Shared:
         rows = await conn.fetch("SELECT id, name, predicate FROM cohorts ORDER BY id")
         cohorts = [(cid, name, msgpack.unpackb(blob, raw=False)) for cid, name, blob in rows]
         next_id = await conn.fetchval("SELECT value FROM meta WHERE key = 'next_cohort_id'")
-        records = await conn.fetch("SELECT id, node, record FROM tidal_log ORDER BY id")
+        newest = await conn.fetchrow(_NEWEST)
+        since = 0 if newest is None else newest["log_id"]
+        records = await conn.fetch(
+            "SELECT id, node, record FROM tidal_log WHERE id > $1 ORDER BY id", since
+        )
     log = [(r[0], r[1], r[2]) for r in records]
-    return Shared(cohorts, int(next_id or 1), head, version, events, log)
+    board = None if newest is None else bytes(newest["board"])
+    return Shared(cohorts, int(next_id or 1), board, head, version, events, log)
+
+
+async def checkpoint(
+    conn: asyncpg.Connection, node: str, log_id: int, now_ns: int, board: bytes
+) -> int:
+    """This node's board as of ``log_id``; then the log no node needs any more goes. How
+    many records went."""
+    async with conn.transaction():
+        await conn.execute(_CHECKPOINT, node, log_id, now_ns, board, timeout=STATEMENT_TIMEOUT)
+    status = await conn.execute(_PRUNE, timeout=STATEMENT_TIMEOUT)
+    return int(status.rsplit(" ", 1)[1])
+
+
+async def newest_checkpoint(conn: asyncpg.Connection) -> int:
+    """The log id the newest checkpoint covers (0: none)."""
+    newest: int | None = await conn.fetchval(
+        "SELECT MAX(log_id) FROM tidal_checkpoints", timeout=STATEMENT_TIMEOUT
+    )
+    return newest or 0
+
+
+async def publish(conn: asyncpg.Connection, node: str, applied: int) -> None:
+    """How far this node has applied the log: the log below is kept until every node has."""
+    await conn.execute(_PUBLISH, node, applied, timeout=STATEMENT_TIMEOUT)
 
 
 async def log_after(
