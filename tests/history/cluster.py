@@ -30,6 +30,7 @@ from tidal.client import Client, ClusterClient, ConnectionLost, Moved
 from tidal.testing.postgres import Cluster, free_port
 
 from ..conftest import Database, ServerProcess
+from .nemesis import restart_postgresql
 from .record import History
 
 NEMESIS = ("kill9", "term", "pause", "join", "leave", "pg_restart")
@@ -194,11 +195,7 @@ class ClusterTarget:
 
     async def pg_restart(self, rng: random.Random) -> None:
         assert self.pg is not None
-        self.history.fault("postgresql stop -m immediate")
-        await asyncio.to_thread(self.pg.stop, "immediate")
-        await asyncio.sleep(rng.uniform(0.1, 1.0))  # down for a while, under load
-        await asyncio.to_thread(self.pg.start)
-        self.history.fault("postgresql started")
+        await restart_postgresql(self.pg, self.history, rng)
 
     def faults(self, names: list[str]) -> list[Any]:
         kinds = []

@@ -127,11 +127,7 @@ class Target:
 
     async def pg_restart(self, rng: random.Random) -> None:
         assert self.pg is not None
-        self.history.fault("postgresql stop -m immediate")
-        await asyncio.to_thread(self.pg.stop, "immediate")
-        await asyncio.sleep(rng.uniform(0.1, 1.0))  # down for a while, under load
-        await asyncio.to_thread(self.pg.start)
-        self.history.fault("postgresql started")
+        await restart_postgresql(self.pg, self.history, rng)
         if self.waiting is not None:
             await self._settle_lock("the database restarted")
 
@@ -227,6 +223,15 @@ class Target:
                 raise ValueError(f"TIDAL_HISTORY_NEMESIS: {name!r} is not one of {NEMESIS}")
             kinds += [fault] * (2 if name == "kill9" else 1)
         return kinds
+
+
+async def restart_postgresql(pg: Cluster, history: History, rng: random.Random) -> None:
+    """PostgreSQL stopped ``-m immediate`` under load, down for a while, then started."""
+    history.fault("postgresql stop -m immediate")
+    await asyncio.to_thread(pg.stop, "immediate")
+    await asyncio.sleep(rng.uniform(0.1, 1.0))  # down for a while, under load
+    await asyncio.to_thread(pg.start)
+    history.fault("postgresql started")
 
 
 def _fill(ballast: Path) -> None:
