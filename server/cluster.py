@@ -178,6 +178,12 @@ class Node:
                 if self._conn is not None:
                     self._conn.terminate()
                     self._conn = None
+            else:  # after the tick, apart: a failed checkpoint never costs the lease
+                try:
+                    await self._keep_log()
+                except Exception as exc:
+                    _trouble("log", logging.WARNING, "cluster: checkpointing the board failed: %s",
+                             exc)  # fmt: skip
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._tick_every)
 
@@ -187,7 +193,6 @@ class Node:
         conn, owners, me = self._conn, self.owners, self.owners.node
         asked = time.monotonic()
         live, rows = await tables.read_map(conn)
-        await self._keep_log(conn)
         if me in live:
             owners.valid_until = asked + self._lease
         owners.map = [(node if node in live else None, epoch) for node, epoch in rows]
@@ -205,12 +210,12 @@ class Node:
         if take:
             await self._take(conn, take)
 
-    async def _keep_log(self, conn: asyncpg.Connection) -> None:
+    async def _keep_log(self) -> None:
         """How far this node has applied the log, for the others to know; and once the
         newest checkpoint is ``CHECKPOINT_RECORDS`` behind it, one of its own board, and
         the log no node needs any more pruned."""
-        engine = self._engine
-        assert engine is not None and engine.replica is not None
+        engine, conn = self._engine, self._conn
+        assert engine is not None and engine.replica is not None and conn is not None
         replica = engine.replica
         await tables.publish(conn, self.owners.node, replica.applied)
         newest = await tables.newest_checkpoint(conn)
