@@ -142,6 +142,45 @@ async def test_a_transient_commit_failure_refuses_and_forgets_the_writes(server:
         assert (await c.counts("e")).communities["c"]["view"].count == 1
 
 
+async def test_a_refused_cohort_drop_read_during_another_cohort_change_keeps_its_counts(
+    server: Server,
+) -> None:
+    """A batch with a cohort change commits while the batch after it, already holding a drop
+    of another cohort, waits; that drop is then refused (a full disk). The cohort is still
+    defined, and must keep its counts: the first commit took its tallies off the board, as
+    it judged what was dropped by the cohorts in memory, the refused drop among them (the
+    fault-history checker found a cohort's counts below a recompute after full disks)."""
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    refused = [StorageFailure("database or disk is full", transient=True)]
+
+    async def around(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
+        if "de" in batch.cohorts and not release.is_set():
+            entered.set()
+            await release.wait()  # held: the drop below is read meanwhile, into the next
+        elif "fr" in batch.cohorts and batch.cohorts["fr"] is None and refused:
+            raise refused.pop()
+        await real(batch)
+
+    host, port = server.address
+    async with await Client.connect(host, port) as a, await Client.connect(host, port) as b:
+        assert await a.define_cohort("fr", {"country": "FR"})
+        await a.signal(1, "e", "view", attrs={"country": "FR"})
+        wrap_commit(server, around)
+        define = asyncio.create_task(a.define_cohort("de", {"country": "DE"}))
+        await entered.wait()
+        drop = asyncio.create_task(b.drop_cohort("fr"))
+        assert await b.ping() == "pong"  # read after the drop: the drop was read too
+        release.set()
+        assert await define
+        with pytest.raises(Unavailable, match="disk is full"):
+            await drop
+        assert "fr" in await b.cohorts()
+        assert (await b.counts("e")).cohorts["fr"]["view"].count == 1
+        await b.signal(2, "e", "view", attrs={"country": "FR"})
+        assert (await b.counts("e")).cohorts["fr"]["view"].count == 2
+
+
 async def test_a_hard_commit_failure_refuses_writes_but_serves_reads(server: Server) -> None:
     async def broken(real: Callable[[Batch], Awaitable[None]], batch: Batch) -> None:
         if batch.writes:

@@ -55,6 +55,10 @@ class Batch:
     reads: list[HistoryRead | LeftRead] = field(default_factory=list)
     memberships: dict[int, tuple[bool, int]] = field(default_factory=dict)
     cohorts: dict[str, Cohort | None] = field(default_factory=dict)
+    #: the ids of the cohorts those changes replaced: their tallies leave the board once this
+    #: batch commits. Not the cohorts missing from the registry then: a batch read after
+    #: this one may have changed it, and may yet be refused
+    cohorts_gone: list[int] = field(default_factory=list)
     next_cohort_id: int | None = None
     #: a checkpoint: the board's tallies changed since the last, and those gone. The
     #: writer writes them as the board holds them, all committed before this batch (the

@@ -18,7 +18,7 @@ days of hours), and one more per late signal until a checkpoint sums them. The r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import NamedTuple, TypeAlias
 
 from . import windows
@@ -285,7 +285,15 @@ class Board:
 
     def keep_cohorts(self, ids: set[int]) -> None:
         """Cohorts dropped or redefined lose their tallies (an id is never used again)."""
-        gone = [s for slot, s in self.scopes.items() if slot[0] == COHORT and slot[1] not in ids]
+        self._drop(
+            [s for slot, s in self.scopes.items() if slot[0] == COHORT and slot[1] not in ids]
+        )
+
+    def drop_cohorts(self, ids: Collection[int]) -> None:
+        """The tallies of the cohorts ``ids`` go (dropped or redefined)."""
+        self._drop([s for slot, s in self.scopes.items() if slot[0] == COHORT and slot[1] in ids])
+
+    def _drop(self, gone: list[Scope]) -> None:
         for scope in gone:
             for tally in list(scope.tallies.values()):
                 self.drop(tally)

@@ -143,6 +143,8 @@ class Registry:
         if now:
             batch.undo.append(_Put(self, name, old))
             self.put(name, new)
+            if old is not None:
+                batch.cohorts_gone.append(old.id)
 
     def put(self, name: str, cohort: Cohort | None) -> None:
         old = self._by_name.pop(name, None)

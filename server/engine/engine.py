@@ -435,8 +435,8 @@ class Engine:
         held = self.budget.used()
         for w in batch.past:
             board.add(w.board)
-        if batch.cohorts:
-            board.keep_cohorts(set(self.cohorts.names()))
+        if batch.cohorts_gone:  # those it replaced: a later batch's changes are not yet
+            board.drop_cohorts(set(batch.cohorts_gone))
         self.budget.freed(held - self.budget.used())
 
     def failed(self, batch: Batch, later: Batch, unknown: bool = False) -> None:

@@ -133,7 +133,7 @@ class Replica:
         board = engine.board
         board.advance(self._clock())
         board.add(contributions)
-        if any(len(change) == 1 for change in changes):
+        if changes:  # dropped or redefined: applied from the log, so committed, all of them
             board.keep_cohorts(set(engine.cohorts.names()))
         self.applied = log_id
         if log_id >= self.checkpoint_at:
