@@ -1,5 +1,5 @@
 """``tidal``: the one console script (serve, call, status, stats, top, watch, health, backup,
-bench).
+bench, cluster status).
 
 It sits above the server and the client and imports from both; neither imports it.
 """
@@ -16,7 +16,7 @@ from typing import Any
 from tidal.server.config import Config
 from tidal.server.version import VERSION, build
 
-from . import commands, watch
+from . import cluster, commands, watch
 from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
 from .workload import WORKLOADS
 
@@ -91,6 +91,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         " unhealthy too (exit 1).",
     )
     client_options(settings, health)
+    cluster.add(commands, settings)
 
     bench = commands.add_parser(
         "bench",
@@ -171,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.top(parser, args)
     if args.command == "watch":
         return watch.run(parser, args)
+    if args.command == "cluster":
+        return cluster.run(parser, args)
     return commands.call(args)
 
 
