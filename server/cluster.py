@@ -50,6 +50,9 @@ TICK: Final = 0.5
 #: log records past the newest checkpoint after which a node writes one of its own, and
 #: the log below it is pruned: what a boot replays, and what the log holds, at most
 CHECKPOINT_RECORDS: Final = 500
+#: blocks of ``ledger_users`` a tick looks at to merge (``tables.merge_blocks``): more than
+#: the commits of a tick, so that merging keeps up
+MERGE_HEADS: Final = 512
 #: ... and past a read, how long what it confirmed holds: under the time another node
 #: needs to take a partition over (this node's writer session ended: silent past
 #: --db-idle-timeout, its probe coming every quarter of it, or cut off, about 4 s with the
@@ -71,6 +74,7 @@ class Node:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()  # a tick now: stopping, or a checkpoint due
         self._checkpointed = 0.0  # when this node last wrote one (time.monotonic)
+        self._merged_after = 0  # where the next merge of blocks goes on (``_merge_blocks``)
         self._lease = min(config.db_idle_timeout * LEASE_SHARE, LEASE_MAX)
         self._tick_every = min(TICK, self._lease / 3)
         self.first_seq = 0  # where this run's seqs start: a block of its own
@@ -181,6 +185,7 @@ class Node:
             else:  # after the tick, apart: a failed checkpoint never costs the lease
                 try:
                     await self._keep_log()
+                    await self._merge_blocks()
                 except Exception as exc:
                     _trouble("log", logging.WARNING, "cluster: checkpointing the board failed: %s",
                              exc)  # fmt: skip
@@ -239,6 +244,19 @@ class Node:
             " %.3fs); %d log records pruned",
             applied, len(board), packed, time.perf_counter() - began - packed, pruned,
         )  # fmt: skip
+
+    async def _merge_blocks(self) -> None:
+        """The node serving partition 0 merges the blocks of ``ledger_users`` that commits
+        wrote, ``MERGE_HEADS`` a tick, going round: one node, so that merges never wait on
+        each other, and a few milliseconds at most of the log head's lock, which every
+        node's commits wait on meanwhile."""
+        if 0 not in self.owners.owned or self._conn is None:
+            return
+        self._merged_after, merged = await tables.merge_blocks(
+            self._conn, self._merged_after, MERGE_HEADS
+        )
+        if merged:
+            log.debug("cluster: %d blocks of ledger_users merged", merged)
 
     async def _take(self, conn: asyncpg.Connection, parts: list[int]) -> None:
         owners, engine, config = self.owners, self._engine, self._config

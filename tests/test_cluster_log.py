@@ -124,3 +124,49 @@ async def test_the_log_is_pruned_below_checkpoints_and_a_node_boots_from_one(
     finally:
         for srv in servers:
             await srv.shutdown()
+
+
+async def test_blocks_of_ledger_users_are_merged_and_purges_and_erasures_stay_exact(
+    database: Database,
+) -> None:
+    """Each commit writes its own block of ``ledger_users``; the node serving partition 0
+    merges runs of them into blocks of up to 4,096 rows, under the log head's lock, while
+    both nodes write, purge and erase. Where the blocks were merged, a purge and an erase
+    still find every row of their user (issue 40: a block per commit, for ever, and every
+    survey read them all)."""
+    servers = [node(database, free_port()) for _ in range(2)]
+    try:
+        for srv in servers:
+            await srv.start()
+        await settled(servers)
+        await write(servers, 6_000)  # 300 users, ~20 rows each, in some hundreds of commits
+        ((commits,),) = await database.rows("SELECT log_id FROM tidal_cluster")
+        for _ in range(500):  # merged on the ticks of the node serving partition 0
+            ((blocks,),) = await database.rows("SELECT count(*) FROM ledger_users")
+            if blocks * 10 <= commits:
+                break
+            await asyncio.sleep(0.02)  # other tasks' ticks: a pace
+        assert blocks * 10 <= commits, f"{blocks} blocks left of {commits} commits' runs"
+        listed = await database.rows("SELECT first_seq, users FROM ledger_users")
+        entries = sum(len(users) // 8 for _, users in listed)
+        ((rows,),) = await database.rows("SELECT count(*) FROM ledger")
+        assert entries == rows, "a merge lost or repeated entries"
+        seeds = ",".join(f"127.0.0.1:{srv.address[1]}" for srv in servers)
+        async with await ClusterClient.connect(seeds, timeout=10) as c:
+            for user in range(0, 300, 7):  # half purged, half erased: each finds every row
+                if user % 2:
+                    ((had,),) = await database.rows(
+                        "SELECT count(*) FROM ledger WHERE user_id = ?", user
+                    )
+                    assert (await c.erase(user)).signals == had, user
+                else:
+                    ((had,),) = await database.rows(
+                        "SELECT count(*) FROM ledger WHERE user_id = ? AND forwarded = 1", user
+                    )
+                    assert (await c.purge(user)).signals == had, user
+            await write(servers, 600)  # the rewrites go on with later commits
+        for srv in servers:
+            await exact(database, srv)
+    finally:
+        for srv in servers:
+            await srv.shutdown()

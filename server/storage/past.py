@@ -109,10 +109,11 @@ def survey(
     """Withdrawals' rows that the snapshot's blocks list, and what they take off: run on
     the reader, in one read transaction, beside the writer. The blocks are read once.
 
-    They are those of the blocks below ``through``: past the last block by default; in
-    cluster mode, where each commit writes its own block (``userrows.runs``), below the
-    first seq not committed when the survey was asked for, so that the writer finds the
-    rest (``withdraw``), though other nodes' blocks lie above and below."""
+    They are the rows below ``through``: past the last block by default; in cluster mode,
+    where each commit writes its own block (``userrows.runs``), merged later, the first seq
+    not committed when the survey was asked for, so that the writer finds the rest
+    (``withdraw``), though other nodes' blocks lie above and below. A merged block may
+    reach past ``through``: its rows there are the writer's to find."""
     if through is None:
         ((last,),) = yield Rows("SELECT MAX(first_seq) FROM ledger_users")
         through = 0 if last is None else last + userrows.BLOCK
@@ -121,7 +122,8 @@ def survey(
     surveys = []
     for w in ws:
         user = to_db(w.user_id)
-        rows = yield from _rows_of(d, user, sorted(_find(blocks, user, w.before_seq)))
+        below = min(w.before_seq, through)
+        rows = yield from _rows_of(d, user, sorted(_find(blocks, user, below)))
         seqs, taken = past.withdrawn(rows, w.rule, w.erase)
         surveys.append(past.Survey.of(through, watermark, seqs, taken, decay, now_ns))
     return surveys
@@ -137,9 +139,12 @@ def withdraw(d: Dialect, batch: Batch, watermark: int) -> Plan[None]:
         return
     through = min(survey.through for survey in surveys)
     below = max(w.before_seq for w in batch.past)  # no block above holds a row they reach
-    blocks = yield Rows(_BLOCKS + " WHERE first_seq >= ? AND first_seq < ?", (through, below))
+    # a block starting below ``through`` may reach past it (merged: at most BLOCK rows)
+    blocks = yield Rows(
+        _BLOCKS + " WHERE first_seq > ? AND first_seq < ?", (through - userrows.BLOCK, below)
+    )
     for w, survey in zip(batch.past, surveys, strict=True):
-        past_it = [(first, block) for first, block in blocks if first >= survey.through]
+        past_it = [(f, block) for f, block in blocks if f + len(block) // 8 > survey.through]
         yield from _withdraw(d, w, survey, past_it, watermark, batch)
 
 
@@ -151,7 +156,7 @@ def _withdraw(d: Dialect, w: past.Withdrawal, survey: past.Survey, blocks: list[
     they are (``core.rewrites``)."""
     began = time.perf_counter()
     user = to_db(w.user_id)
-    found = _find(blocks, user, w.before_seq)
+    found = [seq for seq in _find(blocks, user, w.before_seq) if seq >= survey.through]
     found += [seq for seq in w.recent if seq >= survey.through]
     rows = yield from _rows_of(d, user, sorted(set(found)))
     aggregates, bucket_rows = w.add(rows, watermark, batch.decay, batch.now_ns)

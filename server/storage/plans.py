@@ -170,6 +170,10 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
         if len(held) != len(batch.parts):
             raise PartitionsLost(frozenset(batch.parts) - {part for (part,) in held})
+        if batch.rewrite is not None and batch.rewrite.erase:
+            # cluster mode, a chunk of an erase with nothing for the log: it blanks entries
+            # in blocks of ``ledger_users``, which a merge rewrites under the head's lock
+            yield Rows(_HEAD_LOCK)
     if not signals_only:
         yield Put(LEDGER, batch.ledger)
     memberships = batch.memberships.items()

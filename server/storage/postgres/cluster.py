@@ -19,6 +19,7 @@ import asyncpg
 import msgpack
 
 from tidal.protocol.partitions import HASH, partition
+from tidal.server.core import userrows
 from tidal.server.core.rewrites import Rule
 from tidal.server.errors import DatabaseInUse, DatabaseUnusable
 from tidal.server.storage.sqlbulk import from_db
@@ -302,6 +303,64 @@ async def load(
         if ours(from_db(user)):
             state.rules[user] = Rule(purge_before, erase_before)
     return state
+
+
+#: cluster mode writes a block of ``ledger_users`` per commit (``userrows.runs``): runs of
+#: consecutive ones are merged into blocks of up to ``userrows.BLOCK`` rows, so that a
+#: survey reads about as many as one tidal's, not one per commit ever made
+_BLOCK_HEADS: Final = """
+    SELECT first_seq, octet_length(users) / 8 FROM ledger_users
+    WHERE first_seq > $1 ORDER BY first_seq LIMIT $2"""
+_HEAD_LOCK: Final = "SELECT log_id FROM tidal_cluster FOR UPDATE"
+
+
+def _mergeable(heads: list[tuple[int, int]]) -> list[list[int]]:
+    """Groups of two or more consecutive blocks (each starting where the one before ends),
+    of ``userrows.BLOCK`` rows at most together: the first seqs of each."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    rows = end = 0
+    for first, n in heads:
+        if group and first == end and rows + n <= userrows.BLOCK:
+            group.append(first)
+            rows += n
+        else:
+            if len(group) > 1:
+                groups.append(group)
+            group, rows = [first], n
+        end = first + n
+    if len(group) > 1:
+        groups.append(group)
+    return groups
+
+
+async def merge_blocks(conn: asyncpg.Connection, after: int, most: int) -> tuple[int, int]:
+    """Merges the consecutive blocks among the ``most`` past ``after``; returns where the
+    next pass goes on (0: from the start) and how many blocks went. Under the log head's
+    lock, which every transaction that writes blocks holds as it does (a commit writes its
+    own as it takes the head; an erase, which blanks entries, takes the head first), so a
+    merge never loses an entry blanked meanwhile."""
+    merged = 0
+    async with conn.transaction():
+        await conn.execute(_HEAD_LOCK, timeout=STATEMENT_TIMEOUT)
+        heads = [(r[0], r[1]) for r in await conn.fetch(_BLOCK_HEADS, after, most)]
+        for group in _mergeable(heads):
+            rows = await conn.fetch(
+                "SELECT users FROM ledger_users WHERE first_seq = ANY($1::bigint[])"
+                " ORDER BY first_seq",
+                group,
+                timeout=STATEMENT_TIMEOUT,
+            )
+            users = b"".join(bytes(r[0]) for r in rows)
+            await conn.execute(
+                "UPDATE ledger_users SET users = $2 WHERE first_seq = $1", group[0], users
+            )
+            await conn.execute(
+                "DELETE FROM ledger_users WHERE first_seq = ANY($1::bigint[])", group[1:]
+            )
+            merged += len(group) - 1
+    # the last head may start a group still growing: the next pass begins with it
+    return (heads[-2][0] if len(heads) == most and len(heads) > 1 else 0), merged
 
 
 @dataclass(slots=True)
