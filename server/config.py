@@ -259,10 +259,6 @@ class Config:
                 f"partitions: 1 to {MAX_PARTITIONS}",
             ),
             (not self.standby, "cluster: a node needs no --standby (the others take over)"),
-            (
-                self.ledger_retention == 0,
-                "cluster: ledger_retention is not served in cluster mode yet",
-            ),
         ]
 
     def half_lives(self) -> list[int]:

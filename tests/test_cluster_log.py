@@ -170,3 +170,60 @@ async def test_blocks_of_ledger_users_are_merged_and_purges_and_erasures_stay_ex
     finally:
         for srv in servers:
             await srv.shutdown()
+
+
+async def test_ledger_retention_in_cluster_mode_retires_every_node_s_old_rows(
+    database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--ledger-retention`` on a cluster: the node serving partition 0 deletes the rows
+    past the retention in every node's range of seqs, and the blocks of ``ledger_users``
+    left empty; the board keeps counting them, as one tidal's does, and a purge reaches
+    only what is kept (issue 40: refused at start in cluster mode). Blocks stay one per
+    commit here (none merged), so that the old rows' blocks hold no young row."""
+    monkeypatch.setattr(cluster, "MERGE_HEADS", 0)
+    now = [1_700_000_000 * 10**9]
+    day = 86_400 * 10**9
+    ports = [free_port(), free_port()]
+
+    def retaining(port: int) -> Server:
+        config = Config(
+            host="127.0.0.1", port=port, db=database.target, cluster="log",
+            advertise=f"127.0.0.1:{port}", ledger_retention=86_400,
+        )  # fmt: skip
+        return Server(config, clock=lambda: now[0])
+
+    servers = [retaining(port) for port in ports]
+    try:
+        for srv in servers:
+            await srv.start()
+        await settled(servers)
+        await write(servers, 1_200)  # 300 users over both nodes: both ranges of seqs
+        ((old,),) = await database.rows("SELECT count(*) FROM ledger")
+        now[0] += 2 * day
+        await write(servers, 300)  # young rows, after the old ones in each range
+        async with await Client.connect(*servers[0].address, timeout=10) as c:
+            before = {e: await c.counts(e) for e in (f"e{n}" for n in range(11))}
+            leader = (await c.call("partition_map"))["owners"][0][0]
+        # the leader's passes come every tenth of the retention: one starts as it boots
+        i = [f"127.0.0.1:{port}" for port in ports].index(leader)
+        await servers[i].shutdown()
+        servers[i] = retaining(ports[i])
+        await servers[i].start()
+        await settled(servers)
+        retention = servers[i].engine.retention
+        await asyncio.wait_for(retention.caught_up.wait(), 30)
+        ((kept,),) = await database.rows("SELECT count(*) FROM ledger")
+        assert (kept, retention.retired) == (300, old), (kept, old, retention.retired)
+        listed = await database.rows("SELECT first_seq, users FROM ledger_users")
+        assert sum(len(users) // 8 for _, users in listed) == kept, "old blocks were kept"
+        seeds = ",".join(f"127.0.0.1:{srv.address[1]}" for srv in servers)
+        async with await ClusterClient.connect(seeds, timeout=10) as routed:
+            for e, counts in before.items():
+                assert await routed.counts(e) == counts, e  # the board keeps counting them
+            ((young,),) = await database.rows(
+                "SELECT count(*) FROM ledger WHERE user_id = 1 AND forwarded = 1"
+            )
+            assert (await routed.purge(1)).signals == young  # only what is kept
+    finally:
+        for srv in servers:
+            await srv.shutdown()

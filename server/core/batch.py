@@ -84,6 +84,7 @@ class Batch:
     retire_events: tuple[int, int] | None = None
     events_retired: int = 0  # ... how many the writer deleted
     retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
+    retire_ranges: bool = False  # ... cluster mode: in each node's range of seqs
     retired: int = 0  # ... how many the writer deleted
     reach: bool = False  # a health check: the writer reaches the database, even with no writes
     probe: bool = False  # a write that tests the disk, for a health check after a full disk

@@ -121,7 +121,8 @@ class Engine:
         )
         self.signals = self.forwarded = 0
         self.ledger_rows = snapshot.ledger_rows
-        self.retention = Retention(ledger_retention, clock, self.committer)
+        leads = None if owners is None else (lambda: 0 in owners.owned)
+        self.retention = Retention(ledger_retention, clock, self.committer, leads)
         self.past = Past(
             storage,
             self.committer,

@@ -201,7 +201,9 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         if batch.rewrite is not None:  # before the withdrawals: one may write its rule anew
             yield from storage_past.rewrite(d, batch.rewrite)
         yield from storage_past.withdraw(d, batch, watermark)
-        if batch.retire is not None:  # only rows the tables hold
+        if batch.retire_ranges:  # cluster mode: the board is the log's, no table's
+            yield from storage_past.retire_ranges(batch)
+        elif batch.retire is not None:  # only rows the tables hold
             yield from storage_past.retire(batch, watermark)
             if batch.retired:  # so that boot knows how many rows there are without counting
                 yield Exec(ADD_META, ("ledger_deleted", batch.retired))
