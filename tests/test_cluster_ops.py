@@ -13,7 +13,7 @@ import pytest
 
 from tidal.client import ClusterClient
 
-from .conftest import Database
+from .conftest import Database, ServerProcess
 from .test_cluster import PARTITIONS, Load, Nodes
 
 pytestmark = [pytest.mark.parametrize("backend", ["postgresql"]), pytest.mark.timeout(180)]
@@ -130,3 +130,22 @@ async def test_a_rolling_restart_then_a_node_leaving_loses_nothing_acknowledged(
     checked = await load.stop(database, serving)
     print(f"rolling restart of three, then one left: {checked} acknowledged checked,"
           f" {load.refused} refusals retried")  # fmt: skip
+
+
+async def test_a_cluster_and_a_single_tidal_on_two_databases_of_one_server_both_serve(
+    cluster: Nodes, database: Database, request: pytest.FixtureRequest
+) -> None:
+    """Advisory locks are per database, and so is what a node reads of them: a tidal not
+    in cluster mode serving another database of the same PostgreSQL server is not this
+    cluster's business (a node refused to start, naming that tidal as serving its own)."""
+    pg = request.getfixturevalue("pg_cluster")
+    other = ServerProcess(pg.url(await pg.create()))
+    await other.start()
+    try:
+        node = await cluster.start()  # listening: it joined its cluster
+        async with await node.connect() as c:
+            assert await c.ping() == "pong"
+        async with await other.connect() as c:
+            assert (await c.signal(1, "e", "view")).seq == 1
+    finally:
+        await other.stop()

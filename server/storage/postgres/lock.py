@@ -23,7 +23,8 @@ _HOLDER: Final = """
     SELECT a.pid, a.client_addr, a.application_name, a.backend_start FROM pg_locks l
     JOIN pg_stat_activity a USING (pid)
     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1 AND l.objid = $2
-      AND l.objsubid = 2"""
+      AND l.objsubid = 2
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 
 
 #: taking the lock, and which session took it: a backend's pid and start time name it
