@@ -7,7 +7,10 @@ the same load generator (``tidal bench``, 16 connections x 16 in flight):
   loaded at once (each also applies the other two's commit log records);
 - ``counts`` and ``top`` one at a time, against one tidal and against a node of three
   (which first reads the commit log to its end);
-- a takeover: kill -9 of one of three nodes, until the other two serve every partition.
+- a takeover: kill -9 of one of three nodes, until the other two serve every partition;
+- the commit log over a long history: its rows after each third of the signals (it is
+  pruned below checkpoints), and a node's boot after that history against its boot after
+  a tenth of it, with a board of the same shape (the same users, entities, communities).
 
 Two cores run the three nodes, PostgreSQL and the load generators here: the three-node
 throughput is not what three machines give. ``model`` works that out from the per-node
@@ -61,11 +64,11 @@ def _database(pg: Cluster) -> Iterator[str]:
         asyncio.run(pg.drop(name))
 
 
-def _node(url: str) -> Child:
-    port = free_port()
+def _node(url: str, port: int | None = None, *extra: str) -> Child:
+    port = port or free_port()
     return start(
         [TIDAL, "serve", "--port", str(port), "--db", url, "--cluster", "bench",
-         "--advertise", f"127.0.0.1:{port}"]
+         "--advertise", f"127.0.0.1:{port}", *extra]
     )  # fmt: skip
 
 
@@ -115,26 +118,87 @@ def _reads(node: Child, workload: str, requests: int) -> dict[str, Any]:
     return {k: result[k] for k in ("requests_per_s", "p50_ms", "p99_ms", "server_cpu_us")}
 
 
+def _log_rows(url: str) -> int:
+    async def count() -> int:
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            rows: int = await conn.fetchval("SELECT COUNT(*) FROM tidal_log")
+            return rows
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())
+
+
+#: a checkpoint at most every second, so that a run of seconds shows the log pruned
+CHECKPOINT = ("--checkpoint-seconds", "1")
+
+
+def _history(pg: Cluster, signals: int, thirds: bool) -> dict[str, Any]:
+    """One node takes ``signals`` single signals (in thirds: the log's rows read after each),
+    is stopped, and started again with its address: its boot, from start to every partition
+    served, and what it replayed."""
+    with _database(pg) as url:
+        node = _node(url, None, *CHECKPOINT)
+        port = node.port
+        rows = []
+        try:
+            _served([node])
+            for _ in range(3 if thirds else 1):
+                _result(_bench(node, signals // (3 if thirds else 1), "--own-users"))
+                rows.append(_log_rows(url))
+        finally:
+            stop(node)
+        kept = _log_rows(url)
+        began = time.monotonic()
+        node = _node(url, port, *CHECKPOINT)
+        try:
+            listening = time.monotonic() - began
+            served = _served([node]) + listening
+        finally:
+            stop(node)
+    return {"signals": signals, "log_rows": rows, "replayed": kept, "listening_s": listening,
+            "boot_s": served}  # fmt: skip
+
+
+#: rounds of each, alternating: one tidal, then one node, and again
+ROUNDS = 3
+
+
+def _alternating(pg: Cluster, single: Child, one: Child, requests: int) -> dict[str, Any]:
+    """One tidal and one cluster node serving every partition, both running, loaded in
+    turn (one tidal, one node, one tidal, ...): what drifts on a shared machine drifts for
+    both alike. Each one's median round by CPU per signal, and every round's ratio."""
+    singles, nodes = [], []
+    for _ in range(ROUNDS):
+        singles.append(_signals(pg, [single], requests // ROUNDS))
+        nodes.append(_signals(pg, [one], requests // ROUNDS, "--own-users"))
+
+    def median(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+        return sorted(rounds, key=lambda r: r["tidal_cpu_us"])[len(rounds) // 2]
+
+    ratios = [n["tidal_cpu_us"] / s["tidal_cpu_us"] for s, n in zip(singles, nodes, strict=True)]
+    return {"single": median(singles), "one_node": median(nodes), "cost_ratios": ratios}
+
+
 def cluster_figures(scale: float = 1.0) -> dict[str, Any]:
     requests = max(20_000, int(200_000 * scale))
     reads = max(500, int(2_000 * scale))
     pg = Cluster()
     figures: dict[str, Any] = {"shape": "x".join(SHAPE), "requests": requests}
     try:
-        with _database(pg) as url:
-            single = start([TIDAL, "serve", "--port", "0", "--db", url])
+        with _database(pg) as single_url, _database(pg) as node_url:
+            single = start([TIDAL, "serve", "--port", "0", "--db", single_url])
+            one = _node(node_url)
             try:
-                figures["single"] = _signals(pg, [single], requests)
+                _served([one])
+                figures.update(_alternating(pg, single, one, requests))
                 figures["single_counts"] = _reads(single, "counts", reads)
                 figures["single_top"] = _reads(single, "top", reads)
             finally:
                 stop(single)
-        with _database(pg) as url:
-            one = _node(url)
-            try:
-                _served([one])
-                figures["one_node"] = _signals(pg, [one], requests, "--own-users")
-            finally:
                 stop(one)
         with _database(pg) as url:
             three = [_node(url) for _ in range(3)]
@@ -152,6 +216,9 @@ def cluster_figures(scale: float = 1.0) -> dict[str, Any]:
                 for n in three:
                     if n.proc.poll() is None:
                         stop(n)
+        long = max(60_000, int(300_000 * scale))
+        figures["short_history"] = _history(pg, long // 10, thirds=False)
+        figures["long_history"] = _history(pg, long, thirds=True)
     finally:
         pg.destroy()
     figures["model"] = model(figures)
@@ -205,9 +272,10 @@ def cluster_report(f: dict[str, Any] | None) -> list[str]:
         ),
         "",
         f"Cluster mode on one node: {one['tidal_cpu_us'] / single['tidal_cpu_us']:.2f}x the CPU"
-        f" per signal of one tidal. Each of three nodes ({nodes} µs per own signal) also applies"
-        f" the other two's commit log records: {m['apply_us_per_signal']:.1f} µs per signal"
-        " applied.",
+        f" per signal of one tidal (median rounds; round by round, alternating:"
+        f" {', '.join(f'{r:.2f}x' for r in f.get('cost_ratios', []))}). Each of three nodes"
+        f" ({nodes} µs per own signal) also applies the other two's commit log records:"
+        f" {m['apply_us_per_signal']:.1f} µs per signal applied.",
         "",
         "| read, one at a time | requests/s | p50 ms | p99 ms | server CPU µs/request |",
         "|---|---:|---:|---:|---:|",
@@ -224,6 +292,7 @@ def cluster_report(f: dict[str, Any] | None) -> list[str]:
         "",
         f"kill -9 of one of three nodes → every partition served by the other two:"
         f" {f['takeover_s']:.2f} s.",
+        *_history_report(f.get("short_history"), f.get("long_history")),
         "",
         "Three machines, modelled from the per-node CPU (each node's core spends its own"
         f" signals' {m['own_us']:.1f} µs and {m['apply_us_per_signal']:.1f} µs per signal of each"
@@ -235,6 +304,28 @@ def cluster_report(f: dict[str, Any] | None) -> list[str]:
             f"| {n} | {m['node_signals_per_s'][n]:,} | {m['cluster_signals_per_s'][n]:,} |"
             for n in m["node_signals_per_s"]
         ),
+    ]
+
+
+def _history_report(short: dict[str, Any] | None, long: dict[str, Any] | None) -> list[str]:
+    if not short or not long:
+        return []
+    thirds = ", ".join(f"{rows:,}" for rows in long["log_rows"])
+    return [
+        "",
+        f"The commit log over a long history (one node, {' '.join(CHECKPOINT)}): after each"
+        f" third of {long['signals']:,} single signals it held {thirds} rows. Boot, from start"
+        " to every partition served, with the node's address:",
+        "",
+        "| history | log rows replayed | listening s | every partition served s |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {h['signals']:,} signals | {h['replayed']:,} | {h['listening_s']:.2f}"
+            f" | {h['boot_s']:.2f} |"
+            for h in (short, long)
+        ),
+        "",
+        f"The long history's boot: {long['boot_s'] / short['boot_s']:.2f}x the short one's.",
     ]
 
 
