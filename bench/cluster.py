@@ -19,84 +19,29 @@ CPU figures. Run alone: ``python bench/cluster.py`` prints the figures as JSON.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as bench/cluster.py
-from bench.systems import TIDAL, free_port, postgres_cpu_s, stop
+from bench import nodes as started
+from bench.cluster_log import history, history_report
+from bench.nodes import SHAPE
+from bench.systems import TIDAL, postgres_cpu_s, stop
 from tidal.cli.child import Child, start
-from tidal.client import Client
 from tidal.testing.postgres import Cluster
-
-SHAPE = ("16", "16")  # clients, pipeline
-
-
-def _bench(node: Child, requests: int, *extra: str) -> subprocess.Popen[str]:
-    cmd = [TIDAL, "bench", "--port", str(node.port), "-c", SHAPE[0], "-P", SHAPE[1]]
-    cmd += ["-n", str(requests), "--json", "--server-pid", str(node.proc.pid), "--allow-data"]
-    cmd += ["--keep", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _result(run: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = run.communicate(timeout=900)
-    if run.returncode != 0:
-        raise RuntimeError(f"tidal bench failed: {err}")
-    result: dict[str, Any] = json.loads(out)
-    return result
-
-
-@contextmanager
-def _database(pg: Cluster) -> Iterator[str]:
-    name = asyncio.run(pg.create())
-    try:
-        yield pg.url(name)
-    finally:
-        asyncio.run(pg.drop(name))
-
-
-def _node(url: str, port: int | None = None, *extra: str) -> Child:
-    port = port or free_port()
-    return start(
-        [TIDAL, "serve", "--port", str(port), "--db", url, "--cluster", "bench",
-         "--advertise", f"127.0.0.1:{port}", *extra]
-    )  # fmt: skip
-
-
-def _served(nodes: list[Child], within: float = 30.0) -> float:
-    """Seconds until the first of ``nodes`` reports every partition served by ``nodes``, in
-    fair shares."""
-
-    async def wait() -> float:
-        began = time.monotonic()
-        wanted = {f"127.0.0.1:{n.port}" for n in nodes}
-        async with await Client.connect("127.0.0.1", nodes[0].port, timeout=10) as c:
-            while True:
-                owners = [o for o, _ in (await c.call("partition_map"))["owners"]]
-                counts = {o: owners.count(o) for o in set(owners)}
-                if set(counts) == wanted and max(counts.values()) - min(counts.values()) <= 1:
-                    return time.monotonic() - began
-                if time.monotonic() - began > within:
-                    raise RuntimeError(f"not served in {within}s: {counts}")
-                await asyncio.sleep(0.01)  # another process's state: polled
-
-    return asyncio.run(wait())
 
 
 def _signals(pg: Cluster, nodes: list[Child], requests: int, *extra: str) -> dict[str, Any]:
     """Every node loaded at once; each node's figures, and the database's CPU per signal."""
     before = postgres_cpu_s(pg)
-    runs = [_bench(n, requests // len(nodes), *extra) for n in nodes]
-    results = [_result(r) for r in runs]
+    runs = [started.bench(n, requests // len(nodes), *extra) for n in nodes]
+    results = [started.result(r) for r in runs]
     signals = sum(r["signals_per_s"] * r["seconds"] for r in results)
     cpu = sum(r["server_cpu_us"] * r["signals_per_s"] * r["seconds"] for r in results)
     return {
@@ -116,51 +61,6 @@ def _reads(node: Child, workload: str, requests: int) -> dict[str, Any]:
     )  # fmt: skip
     result: dict[str, Any] = json.loads(run.stdout)
     return {k: result[k] for k in ("requests_per_s", "p50_ms", "p99_ms", "server_cpu_us")}
-
-
-def _log_rows(url: str) -> int:
-    async def count() -> int:
-        import asyncpg
-
-        conn = await asyncpg.connect(url)
-        try:
-            rows: int = await conn.fetchval("SELECT COUNT(*) FROM tidal_log")
-            return rows
-        finally:
-            await conn.close()
-
-    return asyncio.run(count())
-
-
-#: a checkpoint at most every second, so that a run of seconds shows the log pruned
-CHECKPOINT = ("--checkpoint-seconds", "1")
-
-
-def _history(pg: Cluster, signals: int, thirds: bool) -> dict[str, Any]:
-    """One node takes ``signals`` single signals (in thirds: the log's rows read after each),
-    is stopped, and started again with its address: its boot, from start to every partition
-    served, and what it replayed."""
-    with _database(pg) as url:
-        node = _node(url, None, *CHECKPOINT)
-        port = node.port
-        rows = []
-        try:
-            _served([node])
-            for _ in range(3 if thirds else 1):
-                _result(_bench(node, signals // (3 if thirds else 1), "--own-users"))
-                rows.append(_log_rows(url))
-        finally:
-            stop(node)
-        kept = _log_rows(url)
-        began = time.monotonic()
-        node = _node(url, port, *CHECKPOINT)
-        try:
-            listening = time.monotonic() - began
-            served = _served([node]) + listening
-        finally:
-            stop(node)
-    return {"signals": signals, "log_rows": rows, "replayed": kept, "listening_s": listening,
-            "boot_s": served}  # fmt: skip
 
 
 #: rounds of each, alternating: one tidal, then one node, and again
@@ -189,36 +89,36 @@ def cluster_figures(scale: float = 1.0) -> dict[str, Any]:
     pg = Cluster()
     figures: dict[str, Any] = {"shape": "x".join(SHAPE), "requests": requests}
     try:
-        with _database(pg) as single_url, _database(pg) as node_url:
+        with started.database(pg) as single_url, started.database(pg) as node_url:
             single = start([TIDAL, "serve", "--port", "0", "--db", single_url])
-            one = _node(node_url)
+            one = started.node(node_url)
             try:
-                _served([one])
+                started.served([one])
                 figures.update(_alternating(pg, single, one, requests))
                 figures["single_counts"] = _reads(single, "counts", reads)
                 figures["single_top"] = _reads(single, "top", reads)
             finally:
                 stop(single)
                 stop(one)
-        with _database(pg) as url:
-            three = [_node(url) for _ in range(3)]
+        with started.database(pg) as url:
+            three = [started.node(url) for _ in range(3)]
             try:
-                figures["settled_s"] = _served(three)
+                figures["settled_s"] = started.served(three)
                 figures["three_nodes"] = _signals(pg, three, requests, "--own-users")
                 figures["cluster_counts"] = _reads(three[1], "counts", reads)
                 figures["cluster_top"] = _reads(three[1], "top", reads)
                 killed = time.monotonic()
                 os.kill(three[2].proc.pid, signal.SIGKILL)
                 three[2].proc.wait()
-                _served(three[:2])
+                started.served(three[:2])
                 figures["takeover_s"] = time.monotonic() - killed
             finally:
                 for n in three:
                     if n.proc.poll() is None:
                         stop(n)
         long = max(60_000, int(300_000 * scale))
-        figures["short_history"] = _history(pg, long // 10, thirds=False)
-        figures["long_history"] = _history(pg, long, thirds=True)
+        figures["short_history"] = history(pg, long // 10, thirds=False)
+        figures["long_history"] = history(pg, long, thirds=True)
     finally:
         pg.destroy()
     figures["model"] = model(figures)
@@ -292,7 +192,7 @@ def cluster_report(f: dict[str, Any] | None) -> list[str]:
         "",
         f"kill -9 of one of three nodes → every partition served by the other two:"
         f" {f['takeover_s']:.2f} s.",
-        *_history_report(f.get("short_history"), f.get("long_history")),
+        *history_report(f.get("short_history"), f.get("long_history")),
         "",
         "Three machines, modelled from the per-node CPU (each node's core spends its own"
         f" signals' {m['own_us']:.1f} µs and {m['apply_us_per_signal']:.1f} µs per signal of each"
@@ -304,28 +204,6 @@ def cluster_report(f: dict[str, Any] | None) -> list[str]:
             f"| {n} | {m['node_signals_per_s'][n]:,} | {m['cluster_signals_per_s'][n]:,} |"
             for n in m["node_signals_per_s"]
         ),
-    ]
-
-
-def _history_report(short: dict[str, Any] | None, long: dict[str, Any] | None) -> list[str]:
-    if not short or not long:
-        return []
-    thirds = ", ".join(f"{rows:,}" for rows in long["log_rows"])
-    return [
-        "",
-        f"The commit log over a long history (one node, {' '.join(CHECKPOINT)}): after each"
-        f" third of {long['signals']:,} single signals it held {thirds} rows. Boot, from start"
-        " to every partition served, with the node's address:",
-        "",
-        "| history | log rows replayed | listening s | every partition served s |",
-        "|---|---:|---:|---:|",
-        *(
-            f"| {h['signals']:,} signals | {h['replayed']:,} | {h['listening_s']:.2f}"
-            f" | {h['boot_s']:.2f} |"
-            for h in (short, long)
-        ),
-        "",
-        f"The long history's boot: {long['boot_s'] / short['boot_s']:.2f}x the short one's.",
     ]
 
 

@@ -58,7 +58,7 @@ async def _read(url: str, password_file: str | None) -> Any:
     import asyncpg
 
     from tidal.server.config import redact
-    from tidal.server.storage.postgres import cluster
+    from tidal.server.storage.postgres import status
     from tidal.server.storage.postgres.session import read_password, why
 
     options: dict[str, Any] = {"timeout": 10, "server_settings": {"application_name": "tidal"}}
@@ -69,7 +69,7 @@ async def _read(url: str, password_file: str | None) -> Any:
     except Exception as exc:
         raise RuntimeError(f"{redact(url)}: cannot connect: {why(exc)}") from None
     try:
-        return await cluster.status(conn)
+        return await status.read(conn)
     except asyncpg.PostgresError as exc:
         raise RuntimeError(f"{redact(url)}: {why(exc)}") from None
     finally:

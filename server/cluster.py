@@ -37,6 +37,7 @@ from tidal.server.engine.engine import Engine
 from tidal.server.follow import Follower
 from tidal.server.logs import Throttle
 from tidal.server.storage.interface import Snapshot, Storage
+from tidal.server.storage.postgres import blocks
 from tidal.server.storage.postgres import cluster as tables
 from tidal.server.storage.postgres.lock import AdvisoryLock
 from tidal.server.storage.postgres.runner import PgStorage
@@ -50,7 +51,7 @@ TICK: Final = 0.5
 #: log records past the newest checkpoint after which a node writes one of its own, and
 #: the log below it is pruned: what a boot replays, and what the log holds, at most
 CHECKPOINT_RECORDS: Final = 500
-#: blocks of ``ledger_users`` a tick looks at to merge (``tables.merge_blocks``): more than
+#: blocks of ``ledger_users`` a tick looks at to merge (``blocks.merge``): more than
 #: the commits of a tick, so that merging keeps up
 MERGE_HEADS: Final = 512
 #: ... and past a read, how long what it confirmed holds: under the time another node
@@ -252,9 +253,7 @@ class Node:
         node's commits wait on meanwhile."""
         if 0 not in self.owners.owned or self._conn is None:
             return
-        self._merged_after, merged = await tables.merge_blocks(
-            self._conn, self._merged_after, MERGE_HEADS
-        )
+        self._merged_after, merged = await blocks.merge(self._conn, self._merged_after, MERGE_HEADS)
         if merged:
             log.debug("cluster: %d blocks of ledger_users merged", merged)
 

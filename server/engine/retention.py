@@ -40,7 +40,7 @@ class Retention:
     ) -> None:
         """``leads``: cluster mode, whether this node is the one that retires rows now (it
         serves partition 0): one node retires every node's rows, by seq range
-        (``storage.past.retire_ranges``)."""
+        (``storage.retention.retire_ranges``)."""
         self.seconds = seconds
         self._clock = clock
         self._committer = committer

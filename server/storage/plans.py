@@ -17,10 +17,11 @@ from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
-from . import buckets, events
+from . import buckets, events, retention
 from . import past as storage_past
 from .sqlbulk import (
     ADD_META,
+    HEAD_LOCK,
     SET_META,
     Begin,
     Bulk,
@@ -116,7 +117,6 @@ _LOG_RECORD: Final = "INSERT INTO tidal_log (id, node, record) VALUES (?, ?, ?)"
 #: the records of other nodes' commits before this one, that this node has not applied:
 #: a statement of its own, its snapshot taken once the lock above is held
 _LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
-_HEAD_LOCK: Final = "SELECT log_id FROM tidal_cluster FOR UPDATE"
 _LOG_PAST: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? ORDER BY id"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
@@ -173,7 +173,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         if batch.rewrite is not None and batch.rewrite.erase:
             # cluster mode, a chunk of an erase with nothing for the log: it blanks entries
             # in blocks of ``ledger_users``, which a merge rewrites under the head's lock
-            yield Rows(_HEAD_LOCK)
+            yield Rows(HEAD_LOCK)
     if not signals_only:
         yield Put(LEDGER, batch.ledger)
     memberships = batch.memberships.items()
@@ -202,11 +202,11 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
             yield from storage_past.rewrite(d, batch.rewrite)
         yield from storage_past.withdraw(d, batch, watermark)
         if batch.retire_ranges:  # cluster mode: the board is the log's, no table's
-            yield from storage_past.retire_ranges(batch)
+            yield from retention.retire_ranges(batch)
         elif batch.retire is not None:  # only rows the tables hold
-            yield from storage_past.retire(batch, watermark)
-            if batch.retired:  # so that boot knows how many rows there are without counting
-                yield Exec(ADD_META, ("ledger_deleted", batch.retired))
+            yield from retention.retire(batch, watermark)
+        if batch.retired:  # so that boot knows how many rows there are without counting
+            yield Exec(ADD_META, ("ledger_deleted", batch.retired))
     if batch.history:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
@@ -256,7 +256,7 @@ def _catch_up(entry: Entry) -> Plan[None]:
     this node has not applied, for it to apply and match the batch again by (a new
     ``batch.log``)."""
     assert entry.catch_up is not None
-    yield Rows(_HEAD_LOCK)
+    yield Rows(HEAD_LOCK)
     entry.catch_up((yield Rows(_LOG_PAST, (entry.applied,))))
 
 

@@ -165,6 +165,9 @@ AGGREGATES: Final = Bulk(
     " ON CONFLICT (entity, layer, cohort, name, kind) DO UPDATE SET"
     " count = aggregates.count + excluded.count, weight = aggregates.weight + excluded.weight",
 )
+#: cluster mode: the commit log's head, the row every commit that writes the log, and every
+#: write of a block of ``ledger_users`` (``plans._LOCK_ORDER``), holds to its COMMIT
+HEAD_LOCK: Final = "SELECT log_id FROM tidal_cluster FOR UPDATE"
 SET_META: Final = (
     "INSERT INTO meta (key, value) VALUES (?, ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"

@@ -19,7 +19,6 @@ import asyncpg
 import msgpack
 
 from tidal.protocol.partitions import HASH, partition
-from tidal.server.core import userrows
 from tidal.server.core.rewrites import Rule
 from tidal.server.errors import DatabaseInUse, DatabaseUnusable
 from tidal.server.storage.sqlbulk import from_db
@@ -66,7 +65,8 @@ _TABLES: Final = (
         node TEXT  -- the node that took it last; NULL once handed over
     )""",
 )
-_LIVE: Final = """
+#: the nodes alive: those whose writer session holds its lock
+LIVE: Final = """
     SELECT n.node FROM tidal_nodes n JOIN pg_locks l
       ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
      AND l.classid::int8 = n.lock_class AND l.objid::int8 = n.lock_key
@@ -78,7 +78,7 @@ _MAP: Final = "SELECT epoch, node FROM tidal_partitions ORDER BY part"
 #: second finds it taken when the first commits, and skips it
 _TAKE: Final = f"""
     UPDATE tidal_partitions SET epoch = epoch + 1, node = $1
-    WHERE part = ANY($2::int[]) AND (node IS NULL OR node = $1 OR node NOT IN ({_LIVE}))
+    WHERE part = ANY($2::int[]) AND (node IS NULL OR node = $1 OR node NOT IN ({LIVE}))
     RETURNING part, epoch"""
 _RELEASE: Final = """
     UPDATE tidal_partitions SET node = NULL
@@ -175,7 +175,7 @@ _CHECKPOINT: Final = """
 _PRUNE: Final = f"""
     DELETE FROM tidal_log WHERE id <= LEAST(
         (SELECT MAX(log_id) FROM tidal_checkpoints),
-        (SELECT MIN(applied) FROM tidal_nodes WHERE node IN ({_LIVE})))"""
+        (SELECT MIN(applied) FROM tidal_nodes WHERE node IN ({LIVE})))"""
 _PUBLISH: Final = "UPDATE tidal_nodes SET applied = $2 WHERE node = $1"
 
 
@@ -255,7 +255,7 @@ async def cluster_of(conn: asyncpg.Connection) -> str | None:
 
 async def read_map(conn: asyncpg.Connection) -> tuple[set[str], list[tuple[str | None, int]]]:
     """The nodes alive, and each partition's (node, epoch)."""
-    live = {row[0] for row in await conn.fetch(_LIVE, timeout=STATEMENT_TIMEOUT)}
+    live = {row[0] for row in await conn.fetch(LIVE, timeout=STATEMENT_TIMEOUT)}
     rows = await conn.fetch(_MAP, timeout=STATEMENT_TIMEOUT)
     return live, [(row["node"], row["epoch"]) for row in rows]
 
@@ -303,127 +303,3 @@ async def load(
         if ours(from_db(user)):
             state.rules[user] = Rule(purge_before, erase_before)
     return state
-
-
-#: cluster mode writes a block of ``ledger_users`` per commit (``userrows.runs``): runs of
-#: consecutive ones are merged into blocks of up to ``userrows.BLOCK`` rows, so that a
-#: survey reads about as many as one tidal's, not one per commit ever made
-_BLOCK_HEADS: Final = """
-    SELECT first_seq, octet_length(users) / 8 FROM ledger_users
-    WHERE first_seq > $1 ORDER BY first_seq LIMIT $2"""
-_HEAD_LOCK: Final = "SELECT log_id FROM tidal_cluster FOR UPDATE"
-
-
-def _mergeable(heads: list[tuple[int, int]]) -> list[list[int]]:
-    """Groups of two or more consecutive blocks (each starting where the one before ends),
-    of ``userrows.BLOCK`` rows at most together: the first seqs of each."""
-    groups: list[list[int]] = []
-    group: list[int] = []
-    rows = end = 0
-    for first, n in heads:
-        if group and first == end and rows + n <= userrows.BLOCK:
-            group.append(first)
-            rows += n
-        else:
-            if len(group) > 1:
-                groups.append(group)
-            group, rows = [first], n
-        end = first + n
-    if len(group) > 1:
-        groups.append(group)
-    return groups
-
-
-async def merge_blocks(conn: asyncpg.Connection, after: int, most: int) -> tuple[int, int]:
-    """Merges the consecutive blocks among the ``most`` past ``after``; returns where the
-    next pass goes on (0: from the start) and how many blocks went. Under the log head's
-    lock, which every transaction that writes blocks holds as it does (a commit writes its
-    own as it takes the head; an erase, which blanks entries, takes the head first), so a
-    merge never loses an entry blanked meanwhile."""
-    merged = 0
-    async with conn.transaction():
-        await conn.execute(_HEAD_LOCK, timeout=STATEMENT_TIMEOUT)
-        heads = [(r[0], r[1]) for r in await conn.fetch(_BLOCK_HEADS, after, most)]
-        for group in _mergeable(heads):
-            rows = await conn.fetch(
-                "SELECT users FROM ledger_users WHERE first_seq = ANY($1::bigint[])"
-                " ORDER BY first_seq",
-                group,
-                timeout=STATEMENT_TIMEOUT,
-            )
-            users = b"".join(bytes(r[0]) for r in rows)
-            await conn.execute(
-                "UPDATE ledger_users SET users = $2 WHERE first_seq = $1", group[0], users
-            )
-            await conn.execute(
-                "DELETE FROM ledger_users WHERE first_seq = ANY($1::bigint[])", group[1:]
-            )
-            merged += len(group) - 1
-    # the last head may start a group still growing: the next pass begins with it
-    return (heads[-2][0] if len(heads) == most and len(heads) > 1 else 0), merged
-
-
-@dataclass(slots=True)
-class NodeStatus:
-    node: str
-    live: bool
-    partitions: int
-    epochs: tuple[int, int] | None  # the lowest and highest epoch of its partitions
-    applied: int  # the log id it last published (each tick)
-    checkpoint: tuple[int, int] | None  # its newest checkpoint: (log id, at_ns)
-
-
-@dataclass(slots=True)
-class Status:
-    """``tidal cluster status``: the cluster as its database holds it, one snapshot."""
-
-    name: str
-    partitions: int
-    head: int  # the log's last id
-    events: int
-    log_rows: int
-    log_first: int | None  # the oldest id kept
-    nodes: list[NodeStatus]
-    unserved: int  # partitions no live node holds
-
-
-_NODE_STATUS: Final = f"""
-    SELECT n.node, n.node IN ({_LIVE}) AS live, n.applied,
-        (SELECT COUNT(*) FROM tidal_partitions p WHERE p.node = n.node) AS partitions,
-        (SELECT MIN(epoch) FROM tidal_partitions p WHERE p.node = n.node) AS low,
-        (SELECT MAX(epoch) FROM tidal_partitions p WHERE p.node = n.node) AS high,
-        c.log_id, c.at_ns
-    FROM tidal_nodes n LEFT JOIN tidal_checkpoints c ON c.node = n.node
-    ORDER BY n.node"""
-
-
-def _span(first: int | None, second: int) -> tuple[int, int] | None:
-    return None if first is None else (first, second)
-
-
-async def status(conn: asyncpg.Connection) -> Status | None:
-    """The cluster's nodes, partitions and log, read in one snapshot; None if the database
-    holds no cluster. Reads only: it takes no lock a node waits on."""
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        if await cluster_of(conn) is None:
-            return None
-        row = await conn.fetchrow("SELECT name, partitions, log_id, events FROM tidal_cluster")
-        assert row is not None  # cluster_of found it
-        kept = await conn.fetchrow("SELECT COUNT(*), MIN(id) FROM tidal_log")
-        assert kept is not None
-        nodes = [
-            NodeStatus(
-                r["node"],
-                r["live"],
-                r["partitions"],
-                _span(r["low"], r["high"]),
-                r["applied"],
-                _span(r["log_id"], r["at_ns"]),
-            )
-            for r in await conn.fetch(_NODE_STATUS)
-        ]
-    served = sum(n.partitions for n in nodes if n.live)
-    return Status(
-        row["name"], row["partitions"], row["log_id"], row["events"], kept[0], kept[1], nodes,
-        row["partitions"] - served,
-    )  # fmt: skip
