@@ -1,12 +1,15 @@
 """One run: load, a fault, recovery, then the checker over the whole history so far; again.
 
 A failure prints the seed that replays the run's choices (``TIDAL_HISTORY_SEED``), the
-fault it followed, and the operations around the first anomaly.
+fault it followed, the operations around the first anomaly, and on SQLite where a copy of
+the database it checked is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,20 @@ from .cluster import ClusterTarget
 from .nemesis import Target
 from .record import History
 from .workload import CALL_TIMEOUT, PROBE_USERS, PROBES, Load, dial_port
+
+
+def keep(database: Database, disk: Path | None) -> str:
+    """The SQLite file as the failed check read it, copied beside the test's own file system
+    (unmounted after the run), for sqlite3 to open once the run is over: the seed replays a
+    run's choices, not its timing."""
+    if database.backend != "sqlite" or disk is None:
+        return ""
+    kept = disk.parent / "anomalous"
+    kept.mkdir(exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copy2(database.target + suffix, kept / (Path(database.target).name + suffix))
+    return f"\nthe database as checked: {kept}"
 
 
 @dataclass
@@ -128,6 +145,7 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
                     f"  {first}\n"
                     + "\n".join(f"  {text}" for text in kinds(anomalies))
                     + f"\naround it:\n  {story}"
+                    + keep(database, disk)
                 )
     except BaseException:
         print(target.logs(), flush=True)  # shown with -s: what the servers said last
