@@ -95,7 +95,7 @@ class Follower:
         replica = self._replica
         while True:
             records = await tables.log_after(self._conn, replica.applied)
-            for log_id, node, record in records:
-                replica.apply(log_id, node, record)
+            for row in records:
+                replica.apply(row)
             if len(records) < 10_000:
                 return

@@ -308,6 +308,17 @@ async def test_counts_top_cohorts_and_left_users_from_any_node_are_exact_and_sho
                 assert counts.ledger["view"].count == n + 1
                 assert counts.communities["c0"]["view"].count == n + 1
                 assert counts.cohorts["pro"]["view"].count == n + 1
+        # weights and event times as the committing node counted them: a batch of signals
+        # only reaches the other nodes as its ledger rows' columns (``core.log``)
+        hours_ago = time.time_ns() - 2 * 3600 * 10**9
+        for n in range(12):
+            at = hours_ago if n % 3 == 0 else None  # four two hours old, eight now
+            await c.signal(8_000 + n, "timed", "view", 0.25 * n, attrs={"plan": "pro"}, at_ns=at)
+        for stock in stocks:
+            whole, hour = await stock.counts("timed"), await stock.counts("timed", "1h")
+            assert whole.ledger["view"].count == 12 and whole.ledger["view"].weight == 16.5
+            assert hour.ledger["view"].count == 8 and hour.ledger["view"].weight == 12.0
+            assert hour.cohorts["pro"]["view"].count == 8
         # a cohort defined through one node is matched by every node once acknowledged
         cluster_map = await nodes.map(serving[0])
         per_node = {nodes.address(n): [] for n in serving}  # type: dict[str, list[int]]
@@ -626,6 +637,14 @@ async def test_operators_mistakes_with_a_cluster_get_one_line(database: Database
         assert code == 2 and f"already serves as the node 127.0.0.1:{port}" in err, err
     finally:
         await node.stop()
+    # a cluster whose log a newer tidal writes, in a form this one cannot read
+    await database.rows("UPDATE tidal_cluster SET log_format = log_format + 1")
+    code, err = await cli(
+        "serve", "--port", str(port), "--db", database.target,
+        "--cluster", "a", "--advertise", f"127.0.0.1:{port}",
+    )  # fmt: skip
+    assert code == 2 and "commit log is in form 3; this tidal reads form 2 at most" in err, err
+    assert "Traceback" not in err
     code, err = await cli("serve", "--port", "0", "--cluster", "a", "--advertise", "h:1")
     assert code == 2 and "cluster: needs a PostgreSQL --db" in err, err
     code, err = await cli("serve", "--port", "0", "--db", database.target, "--cluster", "a")

@@ -31,19 +31,21 @@ class Entry:
     """Cluster mode: a batch's place in the commit log (``core.log``), worked out as the
     writer takes it."""
 
-    record: bytes
     node: str
     #: the cohort version its signals were matched against (and its own changes decided
     #: against), and after its own changes: it commits only if the database's is ``before``
     before: int
     after: int
     applied: int  # the last id this node had applied: the transaction reads those after
+    #: encoded by the transaction (``core.log``): empty for a batch of signals only
+    record: bytes = b""
     id: int = 0  # given in the transaction
-    #: the records between ``applied`` and this one, read in the transaction
-    earlier: list[tuple[int, str, bytes]] = field(default_factory=list)
+    #: the log's rows (``core.log.Row``) between ``applied`` and this one, read in the
+    #: transaction
+    earlier: list[tuple[Any, ...]] = field(default_factory=list)
     #: set once a commit found the cohorts changed under it: the transaction takes the
-    #: head first, and gives this the records past ``applied`` (``replica.rematch``)
-    catch_up: Callable[[list[tuple[int, str, bytes]]], None] | None = None
+    #: head first, and gives this the log's rows past ``applied`` (``replica.rematch``)
+    catch_up: Callable[[list[tuple[Any, ...]]], None] | None = None
 
 
 @dataclass(slots=True)

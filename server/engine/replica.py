@@ -46,13 +46,13 @@ class Replica:
         self.due: Callable[[], None] = lambda: None
         self.checkpoint_at = 1 << 62
 
-    def replay(self, records: Iterable[tuple[int, str, bytes]], head: int, version: int) -> int:
+    def replay(self, records: Iterable[commit_log.Row], head: int, version: int) -> int:
         """At boot: the board from every record (cohorts come from their table, as of the
         same snapshot). How many records."""
         board = self._engine.board
         count = 0
-        for _, _, record in records:
-            contributions, _, _ = commit_log.decode(record)
+        for row in records:
+            contributions, _, _ = commit_log.decode(row)
             board.add(contributions)
             count += 1
         board.keep_cohorts(set(self._engine.cohorts.names()))  # ids are never given twice
@@ -62,12 +62,12 @@ class Replica:
     # -- a batch of this node's --------------------------------------------
 
     def prepare(self, batch: Batch) -> None:
-        # a withdrawal's part is known once the writer has found its rows: encoded then
-        record = b"" if batch.past else commit_log.encode(batch)
-        if record is None:
+        # its record is encoded by the transaction (``plans``): a batch of signals only
+        # has none, and a withdrawal's part is known once the writer has found its rows
+        if not commit_log.shared(batch):
             return
         before = self.version  # what its signals were matched against (``rematch``)
-        batch.log = Entry(record, self._node, before, before + len(batch.cohorts), self.applied)
+        batch.log = Entry(self._node, before, before + len(batch.cohorts), self.applied)
 
     def rematch(self, batch: Batch) -> None:
         """``batch``'s commit found the cohorts changed under it: its next transaction
@@ -76,9 +76,9 @@ class Replica:
         and makes its record anew (``plans.catch_up``). Nothing can change between."""
         assert batch.log is not None
 
-        def caught_up(records: list[tuple[int, str, bytes]]) -> None:
-            for log_id, node, record in records:
-                self.apply(log_id, node, record)
+        def caught_up(rows: list[commit_log.Row]) -> None:
+            for row in rows:
+                self.apply(row)
             engine = self._engine
             rematch(batch, engine.cohorts, engine.board, engine.budget)
             self.prepare(batch)
@@ -89,8 +89,8 @@ class Replica:
         entry = batch.log
         if entry is None:
             return
-        for log_id, node, record in entry.earlier:
-            self.apply(log_id, node, record)
+        for row in entry.earlier:
+            self.apply(row)
         if entry.id > self.applied:  # else the follower has read it from the log already
             contributions = commit_log.board(batch)
             self._apply(entry.id, contributions, self._changes(batch), batch.changes)
@@ -101,13 +101,15 @@ class Replica:
 
     # -- any node's records ---------------------------------------------------
 
-    def apply(self, log_id: int, node: str, record: bytes) -> None:
+    def apply(self, row: commit_log.Row) -> None:
+        """A row of the log (``core.log.COLUMNS``), any node's, in id order."""
+        log_id = row[0]
         if log_id <= self.applied:
             return
         if log_id != self.applied + 1:  # the records between were pruned: never applied
             self.gap(self.applied, log_id)
             return
-        contributions, changes, events = commit_log.decode(record)
+        contributions, changes, events = commit_log.decode(row)
         built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
         pushed = commit_log.changes(events, self._engine.feed.last_id + 1) if events else []
         self._apply(log_id, contributions, built, pushed)

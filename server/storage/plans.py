@@ -99,9 +99,27 @@ _RECORD_IN: Final = (
     ", logged AS (INSERT INTO tidal_log (id, node, record)"
     " SELECT log_id, ?::text, ?::bytea FROM head)"
 )
+
+
+def _rows_param(column: str) -> str:
+    """The parameter of ``_LOGGED`` that holds the batch's ledger rows' ``column``: after
+    the fence's two, one per column of ``LEDGER``."""
+    i = LEDGER.head.split("(")[1].rstrip(")").split(", ").index(column)
+    return f"${3 + i}::{LEDGER.types[i]}[]"
+
+
+#: a batch of signals only: the same parameters as its ledger rows, once more, as the
+#: log's row (``core.log.COLUMNS``): nothing is encoded for the log but the rows
+_ROWS_LOGGED: Final = f""", logged AS (
+    INSERT INTO tidal_log (id, node, record, entities, kinds, weights, ts, ats, forwarded, contexts)
+    SELECT log_id, ?::text, ''::bytea, {
+    ", ".join(
+        map(_rows_param, ("entity", "kind", "weight", "ts_ns", "at_ns", "forwarded", "context"))
+    )
+} FROM head)"""
 #: a batch of signals only (the most of them): its ledger rows in the same statement too,
 #: one round trip for all of its writes but COMMIT's
-_LOGGED: Final = _head(f" rows_in AS ({unnested(LEDGER)} RETURNING 1),") + _RECORD_IN + _HEAD_READ
+_LOGGED: Final = _head(f" rows_in AS ({unnested(LEDGER)} RETURNING 1),") + _ROWS_LOGGED + _HEAD_READ
 #: ... and for a batch with events, cohort changes, a purge or erase: taken first (its
 #: events take their ids from it), its record in the same statement, or for a purge or erase
 #: last, once the withdrawals have found what they take off
@@ -116,8 +134,10 @@ _LOG_RECORD: Final = "INSERT INTO tidal_log (id, node, record) VALUES (?, ?, ?)"
 #: of signals only takes the head last, but updates no row before it: its rows are new.
 #: the records of other nodes' commits before this one, that this node has not applied:
 #: a statement of its own, its snapshot taken once the lock above is held
-_LOG_EARLIER: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
-_LOG_PAST: Final = "SELECT id, node, record FROM tidal_log WHERE id > ? ORDER BY id"
+_LOG_EARLIER: Final = (
+    f"SELECT {commit_log.COLUMNS} FROM tidal_log WHERE id > ? AND id < ? ORDER BY id"
+)
+_LOG_PAST: Final = f"SELECT {commit_log.COLUMNS} FROM tidal_log WHERE id > ? ORDER BY id"
 _UPSERT_COHORT: Final = (
     "INSERT INTO cohorts (id, name, predicate) VALUES (?, ?, ?)"
     " ON CONFLICT (name) DO UPDATE SET id = excluded.id, predicate = excluded.predicate"
@@ -154,15 +174,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield from _catch_up(batch.log)
     # cluster mode, a batch of signals only: its rows and its record in one statement, last.
     # Every other takes the log's head first, then the rows it updates (``_LOCK_ORDER``)
-    signals_only = batch.log is not None and not (
-        batch.cohorts
-        or batch.changes
-        or batch.past
-        or batch.rewrite
-        or batch.retire
-        or batch.forget_keys_before is not None
-        or batch.probe
-    )
+    signals_only = batch.log is not None and commit_log.signals_only(batch)
     if batch.log is not None:
         if not signals_only:  # first: events' ids come from it
             yield from _logged(batch, first=True)
@@ -212,7 +224,7 @@ def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
         yield Put(storage_past.HISTORY, lines)
     yield from events.write(batch)
     if batch.log is not None and batch.past:
-        batch.log.record = commit_log.encode(batch) or b""
+        batch.log.record = commit_log.encode(batch)
         yield Exec(_LOG_RECORD, (batch.log.id, batch.log.node, batch.log.record))
     elif signals_only:
         yield from _logged(batch, first=False)  # last: the lock held the least
@@ -233,10 +245,11 @@ def _logged(batch: Batch, *, first: bool) -> Plan[None]:
     if batch.past:  # its record is written last (``apply``)
         sql, args = _LOG_ID, (*fence, *blocks, *head)
     elif first:
+        entry.record = commit_log.encode(batch)
         sql, args = _LOG_FIRST, (*fence, *blocks, *head, entry.node, entry.record)
-    else:
+    else:  # its record: its rows
         rows = list(zip(*batch.ledger, strict=True)) or [()] * len(LEDGER.types)
-        sql, args = _LOGGED, (*fence, *rows, *blocks, *head, entry.node, entry.record)
+        sql, args = _LOGGED, (*fence, *rows, *blocks, *head, entry.node)
     ((held, log_id, events),) = yield Rows(sql, args)
     if log_id is None:
         lost = frozenset(parts) - set(held or ())

@@ -13,9 +13,11 @@ from tidal.server.storage.sqlbulk import HEAD_LOCK
 
 from .session import STATEMENT_TIMEOUT
 
+#: the blocks not yet full: a full one joins no group. Most of a long history is full
+#: blocks, which the pass then skips in the database, not here
 _BLOCK_HEADS: Final = """
     SELECT first_seq, octet_length(users) / 8 FROM ledger_users
-    WHERE first_seq > $1 ORDER BY first_seq LIMIT $2"""
+    WHERE first_seq > $1 AND octet_length(users) < $3 ORDER BY first_seq LIMIT $2"""
 
 
 def _mergeable(heads: list[tuple[int, int]]) -> list[list[int]]:
@@ -47,7 +49,8 @@ async def merge(conn: asyncpg.Connection, after: int, most: int) -> tuple[int, i
     merged = 0
     async with conn.transaction():
         await conn.execute(HEAD_LOCK, timeout=STATEMENT_TIMEOUT)
-        heads = [(r[0], r[1]) for r in await conn.fetch(_BLOCK_HEADS, after, most)]
+        rows = await conn.fetch(_BLOCK_HEADS, after, most, userrows.BLOCK * 8)
+        heads = [(r[0], r[1]) for r in rows]
         for group in _mergeable(heads):
             rows = await conn.fetch(
                 "SELECT users FROM ledger_users WHERE first_seq = ANY($1::bigint[])"

@@ -19,6 +19,7 @@ import asyncpg
 import msgpack
 
 from tidal.protocol.partitions import HASH, partition
+from tidal.server.core import log as commit_log
 from tidal.server.core.rewrites import Rule
 from tidal.server.errors import DatabaseInUse, DatabaseUnusable
 from tidal.server.storage.sqlbulk import from_db
@@ -53,6 +54,13 @@ _TABLES: Final = (
         lock_key BIGINT NOT NULL
     )""",
     "ALTER TABLE tidal_nodes ADD COLUMN IF NOT EXISTS applied BIGINT NOT NULL DEFAULT 0",
+    # a batch of signals only: its ledger rows' columns, its record empty (``core.log``):
+    # the log's second form, which a node of an earlier tidal cannot read
+    "ALTER TABLE tidal_cluster ADD COLUMN IF NOT EXISTS log_format INT NOT NULL DEFAULT 1",
+    """ALTER TABLE tidal_log ADD COLUMN IF NOT EXISTS entities TEXT[],
+        ADD COLUMN IF NOT EXISTS kinds TEXT[], ADD COLUMN IF NOT EXISTS weights FLOAT8[],
+        ADD COLUMN IF NOT EXISTS ts BIGINT[], ADD COLUMN IF NOT EXISTS ats BIGINT[],
+        ADD COLUMN IF NOT EXISTS forwarded SMALLINT[], ADD COLUMN IF NOT EXISTS contexts BYTEA[]""",
     """CREATE TABLE IF NOT EXISTS tidal_checkpoints (
         node TEXT PRIMARY KEY,
         log_id BIGINT NOT NULL,  -- the last log record the board holds
@@ -125,7 +133,7 @@ async def join(
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *_SETUP)
         for statement in _TABLES:
             await conn.execute(statement)
-        row = await conn.fetchrow("SELECT name, partitions, hash FROM tidal_cluster")
+        row = await conn.fetchrow("SELECT name, partitions, hash, log_format FROM tidal_cluster")
         if row is None:
             top = await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM ledger")
             await conn.execute(
@@ -151,8 +159,16 @@ async def join(
                 f"--db {location}: its cluster hashes users with {row['hash']!r}; this tidal"
                 f" knows {HASH!r} only"
             )
+        elif row["log_format"] > commit_log.FORMAT:
+            raise DatabaseUnusable(
+                f"--db {location}: its cluster's commit log is in form {row['log_format']}; this"
+                f" tidal reads form {commit_log.FORMAT} at most: run the newer tidal its nodes run"
+            )
         else:
             partitions = row["partitions"]
+        await conn.execute(
+            "UPDATE tidal_cluster SET log_format = $1 WHERE log_format < $1", commit_log.FORMAT
+        )
         await conn.execute(
             "INSERT INTO tidal_nodes VALUES ($1, $2, $3) ON CONFLICT (node) DO UPDATE"
             " SET lock_class = excluded.lock_class, lock_key = excluded.lock_key",
@@ -163,7 +179,7 @@ async def join(
     return int(partitions)
 
 
-_LOG_AFTER: Final = "SELECT id, node, record FROM tidal_log WHERE id > $1 ORDER BY id LIMIT $2"
+_LOG_AFTER: Final = f"SELECT {commit_log.COLUMNS} FROM tidal_log WHERE id > $1 ORDER BY id LIMIT $2"
 _NEWEST: Final = "SELECT log_id, board FROM tidal_checkpoints ORDER BY log_id DESC LIMIT 1"
 _CHECKPOINT: Final = """
     INSERT INTO tidal_checkpoints (node, log_id, at_ns, board) VALUES ($1, $2, $3, $4)
@@ -189,7 +205,7 @@ class Shared:
     head: int  # the log's last id
     version: int  # cohort changes committed
     events: int  # the change feed's last event id
-    records: list[tuple[int, str, bytes]]
+    records: list[commit_log.Row]
 
 
 async def shared(conn: asyncpg.Connection) -> Shared:
@@ -205,9 +221,9 @@ async def shared(conn: asyncpg.Connection) -> Shared:
         newest = await conn.fetchrow(_NEWEST)
         since = 0 if newest is None else newest["log_id"]
         records = await conn.fetch(
-            "SELECT id, node, record FROM tidal_log WHERE id > $1 ORDER BY id", since
+            f"SELECT {commit_log.COLUMNS} FROM tidal_log WHERE id > $1 ORDER BY id", since
         )
-    log = [(r[0], r[1], r[2]) for r in records]
+    log = [tuple(r) for r in records]
     board = None if newest is None else bytes(newest["board"])
     return Shared(cohorts, int(next_id or 1), board, head, version, events, log)
 
@@ -238,11 +254,11 @@ async def publish(conn: asyncpg.Connection, node: str, applied: int) -> None:
 
 async def log_after(
     conn: asyncpg.Connection, applied: int, most: int = 10_000
-) -> list[tuple[int, str, bytes]]:
+) -> list[commit_log.Row]:
     """The log's records past ``applied``, in id order: everything committed before this
     read (ids are given under one lock, in commit order), up to ``most``."""
     rows = await conn.fetch(_LOG_AFTER, applied, most, timeout=STATEMENT_TIMEOUT)
-    return [(r[0], r[1], r[2]) for r in rows]
+    return [tuple(r) for r in rows]
 
 
 async def cluster_of(conn: asyncpg.Connection) -> str | None:
