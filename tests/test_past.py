@@ -264,6 +264,47 @@ async def test_a_leave_with_purge_whose_purge_s_commit_fails_says_the_leave_is_s
         assert (await c.purge(1)).signals == 3  # asked again: it happens now
 
 
+async def test_a_read_behind_a_leave_with_purge_whose_rows_cannot_be_read_is_answered(
+    server: Server,
+) -> None:
+    """Pipelined: a leave with purge, ``counts``, a signal. The purge's survey fails while
+    the leave's batch is still committing: the leave's reply goes out with that batch,
+    saying the leave is saved, and the read and the signal behind it are answered then.
+    (The fault-history checker found them never answered, on PostgreSQL restarts: the
+    connection applied nothing more until its client gave up.)"""
+    storage = server._storage
+    assert storage is not None
+    real_read, real_commit = storage.read, storage.commit
+    read_failed = asyncio.Event()
+
+    async def commit(batch: Any) -> None:
+        if batch.memberships:  # the leave's batch: still open while its survey fails
+            await read_failed.wait()
+        await real_commit(batch)
+
+    async def read(plan: Any) -> Any:
+        read_failed.set()
+        raise StorageFailure("read failed: injected", transient=True)
+
+    async with await Client.connect(*server.address) as c:
+        await seed(c)
+    storage.commit, storage.read = commit, read  # type: ignore[method-assign]
+    peer = await RawPeer.open(server.address)
+    sent = [
+        [0, 1, "leave", [1, {"purge": True}]],
+        [0, 2, "counts", ["song"]],
+        [0, 3, "signal", [1, "song", "view"]],
+    ]
+    peer.send_raw(b"".join(msgpack.packb(m) for m in sent))  # read in one go
+    replies = {r[1]: r for r in [await peer.receive(timeout=10) for _ in sent]}
+    storage.commit, storage.read = real_commit, real_read  # type: ignore[method-assign]
+    assert replies[1][2][0] == 2 and "the leave is saved (the user is Left)" in replies[1][2][1]
+    assert replies[2][3]["ledger"] == {"view": {"count": 6, "weight": 9.0}}, replies[2]
+    assert replies[2][3]["communities"]["x"] == {"view": {"count": 6, "weight": 9.0}}
+    assert replies[3][3]["forwarded"] is False  # Left: the leave is saved
+    peer.close()
+
+
 async def test_a_read_after_a_purge_answers_as_of_its_place_on_its_connection(
     server: Server,
 ) -> None:

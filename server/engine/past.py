@@ -289,8 +289,7 @@ class Past:
                 batch.past.append(a.w)
                 batch.writes += 1
                 self._committer.ack(a.conn, a.msgid, a.reply)
-                for request in a.deferred:
-                    request()
+                self._go_on(a)
 
     def _refuse_unsurveyed(self, a: Asked, exc: Exception) -> None:
         """The user's rows could not be read (or the user is no longer served here: error
@@ -308,6 +307,7 @@ class Past:
         if a.asked_in is c.open or a.asked_in is c.inflight:
             a.asked_in.replies.append((a.conn, a.msgid, Refusal(message)))
             c.wake()
+            self._go_on(a)  # its reads wait for that batch, which holds its leave
         else:  # committed already
             self._refuse(a, message)
 
@@ -356,5 +356,12 @@ class Past:
     def _refuse(self, a: Asked, message: str, code: int = ErrorCode.UNAVAILABLE) -> None:
         a.conn.reply_error(a.msgid, code, message)
         a.conn.flush()
+        self._go_on(a)
+
+    @staticmethod
+    def _go_on(a: Asked) -> None:
+        """``a`` is answered, or its answer is placed: what its connection sent after it
+        (held by ``defer``) goes on. Every way out of ``_asked`` ends here: else that
+        connection would apply nothing more, for ever."""
         for request in a.deferred:
             request()

@@ -39,6 +39,9 @@ NEMESIS = ("kill9", "term", "pause", "pg_restart", "mute", "disk_full")
 DATABASE_FAULTS = ("pg_restart", "mute")
 #: what only a database in a file of the test's own file system has
 FILE_FAULTS = ("disk_full",)
+#: the longest a server may take to serve again after a fault, or its standby to take
+#: over: past it, the run fails saying so (a wedge), rather than waiting on
+RECOVERY = 120.0
 
 
 class Target:
@@ -105,7 +108,7 @@ class Target:
         behind it; without one, it is started again on the same database."""
         if self.waiting is not None:
             self.serving, self.waiting = self.waiting, None
-            await self.serving.logged("listening on", timeout=60)
+            await self.serving.logged("listening on", timeout=RECOVERY)
             self.history.fault("standby took over")
         await self.start()
 
@@ -169,7 +172,7 @@ class Target:
         assert self.waiting is not None
         serving, waiting = self.serving, self.waiting
         assert serving.proc is not None
-        won = asyncio.ensure_future(waiting.logged("listening on", timeout=3600))
+        won = asyncio.ensure_future(waiting.logged("listening on", timeout=RECOVERY))
         kept = asyncio.ensure_future(self._serves(serving))
         exited = asyncio.ensure_future(serving.proc.wait())
         await asyncio.wait([won, kept, exited], return_when=asyncio.FIRST_COMPLETED)
@@ -182,11 +185,11 @@ class Target:
         await serving.stop(signal.SIGKILL)
         self.history.died(time.monotonic())
         try:
-            await asyncio.wait_for(won, 60)
-        except TimeoutError:
+            await won
+        except AssertionError:
             raise AssertionError(
-                f"{why}, the serving tidal stopped and its standby did not take over in 60 s:\n"
-                + b"".join(serving.log[-20:] + waiting.log[-20:]).decode()
+                f"{why}, the serving tidal neither committed again nor let its standby take"
+                f" over in {RECOVERY:.0f} s:\n" + self.logs(20)
             ) from None
         self.history.fault(f"standby took over after {why}")
         self.serving, self.waiting = waiting, None
@@ -195,7 +198,7 @@ class Target:
     @classmethod
     async def _serves(cls, process: ServerProcess) -> None:
         """Returns once ``process`` commits again: its health says ok."""
-        await cls._health(process, lambda h: h["status"] == "ok", "to commit again", 3600)
+        await cls._health(process, lambda h: h["status"] == "ok", "to commit again", RECOVERY)
 
     @staticmethod
     async def _health(process: ServerProcess, until: Callable[[dict[str, Any]], bool],

@@ -147,8 +147,12 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
                     + f"\naround it:\n  {story}"
                     + keep(database, disk)
                 )
-    except BaseException:
+    except BaseException as exc:
         print(target.logs(), flush=True)  # shown with -s: what the servers said last
+        if not isinstance(exc, Anomalies):  # a wedge or a timeout: which run, and where
+            last = [fault.what for fault in history.faults[-3:]]
+            exc.add_note(f"history seed {seed} (TIDAL_HISTORY_SEED={seed} replays its choices),"
+                         f" {len(history.faults)} faults in; the last: {last}")  # fmt: skip
         raise
     finally:
         await load.stop()

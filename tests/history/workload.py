@@ -125,14 +125,20 @@ def dial_port(port: Callable[[], int]) -> Dial:
     return dial
 
 
+class Stopped(Exception):
+    """The load was stopped while a task waited for the server to be back: the task ends."""
+
+
 class Connection:
     """One client connection shared by a few pipelining tasks; reconnects once the
-    server is back (``up``), never retrying a call itself: each call is recorded once."""
+    server is back (``up``), never retrying a call itself: each call is recorded once.
+    A stop (``stop``) ends the wait for ``up``, which a failed run may never set again."""
 
-    def __init__(self, index: int, dial: Dial, up: asyncio.Event) -> None:
+    def __init__(self, index: int, dial: Dial, up: asyncio.Event, stop: asyncio.Event) -> None:
         self.index = index
         self.dial = dial
         self.up = up
+        self.stop = stop
         self.client: Caller | None = None
         self.lock = asyncio.Lock()
 
@@ -142,12 +148,23 @@ class Connection:
                 if self.client is not None:
                     await self.client.close()
                     self.client = None
-                await self.up.wait()
+                await self._up()
                 with contextlib.suppress(OSError, ConnectionLost, CallTimeout, ServerError):
                     self.client = await self.dial(self.index)
                 if self.client is None:
                     await asyncio.sleep(0.05)  # the server is starting: a pace, not a sync
             return self.client
+
+    async def _up(self) -> None:
+        """Returns once the server is up; raises ``Stopped`` if the load stops first."""
+        waits = [asyncio.ensure_future(self.up.wait()), asyncio.ensure_future(self.stop.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if self.stop.is_set():
+            raise Stopped
 
     async def close(self) -> None:
         if self.client is not None:
@@ -227,7 +244,15 @@ def record(history: History, op: Op, outcome: Any) -> None:
         else:
             history.complete(op, "fail", f"{outcome.code} {outcome}")
             op.partial = "the rest of this request was not saved" in str(outcome)
-    elif isinstance(outcome, (ConnectionLost, CallTimeout, OSError)):
+    elif isinstance(outcome, CallTimeout):
+        history.complete(op, "unknown")
+        # every fault ends within seconds (a pause, a database away, a hung path that
+        # tidal gives up on): a request its server never answers is a defect of its own
+        history.observed.append((op.invoked, (
+            f"{op.method} #{op.index} was not answered in {CALL_TIMEOUT:.0f} s, its connection"
+            f" open: a request is answered, or its connection closed"
+        )))  # fmt: skip
+    elif isinstance(outcome, (ConnectionLost, OSError)):
         history.complete(op, "unknown")
     elif isinstance(outcome, BaseException):
         raise outcome
@@ -256,16 +281,16 @@ class Load:
                  connections: int = 8, depth: int = 3, one_user: bool = False) -> None:  # fmt: skip
         self.history, self.rng, self.up = history, rng, up
         self.one_user = one_user
-        self.conns = [Connection(i, dial, up) for i in range(connections)]
+        self._stop = asyncio.Event()
+        self.conns = [Connection(i, dial, up, self._stop) for i in range(connections)]
         self.depth = depth
         self.signals = Signals(rng)
         self.completed = 0
         self.starts = 0
         self._target = 0
         self._reached = asyncio.Event()
-        self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.watcher = Connection(connections, dial, up)
+        self.watcher = Connection(connections, dial, up, self._stop)
         #: the most the aggregates took past what was allowed, and that, in bytes
         self.memory_over = (0, 0)
 
@@ -274,11 +299,19 @@ class Load:
         if self.completed >= self._target:
             self._reached.set()
 
+    def _task(self, work: Awaitable[None]) -> None:
+        async def until_stopped() -> None:
+            with contextlib.suppress(Stopped):
+                await work
+
+        self._tasks.append(asyncio.create_task(until_stopped()))
+
     def start(self) -> None:
         self._stop.clear()
-        self._tasks = [
-            asyncio.create_task(
-                worker(
+        self._tasks = []
+        for conn in self.conns:
+            for _ in range(self.depth if conn.index % 2 else 16):  # some pipeline deep
+                self._task(worker(
                     self.history,
                     conn,
                     random.Random(self.rng.random()),
@@ -286,18 +319,14 @@ class Load:
                     self._stop,
                     self._done,
                     self.one_user,
-                )
-            )
-            for conn in self.conns
-            for _ in range(self.depth if conn.index % 2 else 16)  # some pipeline deep
-        ]
+                ))  # fmt: skip
         self.starts += 1
-        self._tasks.append(asyncio.create_task(self._watch_memory(self.watcher)))
+        self._task(self._watch_memory(self.watcher))
         for conn in self.conns[:PROBES]:  # a probe of reads in order on each
             rng = random.Random(self.rng.random())
             prefix = f"q{conn.index}.{self.starts}"
             probe = in_order(self.history, conn, rng, conn.index, prefix, self._stop, self._done)
-            self._tasks.append(asyncio.create_task(probe))
+            self._task(probe)
 
     async def _watch_memory(self, conn: Connection) -> None:
         """``stats`` polled all along, on a connection of its own: the memory budget is
