@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint pytest tools bench crash failover history clean
+.PHONY: run test lint pytest tools bench crash failover history clean openrpc
 
 # tidal is installed into .venv, not linked to the sources (pip install -e): setup.py
 # compiles the hot modules with mypyc where a C compiler is found (pure Python where not),
@@ -85,6 +85,10 @@ failover: $(STAMP) tools
 
 # Not part of `make test`: a tool, whose figures go to docs/BENCHMARKS.md.
 # Installs Redis from Debian if missing (needs root and apt).
+# docs/openrpc.json, from the method table (tests/test_openrpc.py checks it is current)
+openrpc: $(STAMP)
+	$(BIN)/python -m tidal.protocol.openrpc > docs/openrpc.json
+
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet '.[dev,bench]'
 	$(BIN)/python bench/run.py $(if $(SCALE),--scale $(SCALE))

@@ -16,7 +16,7 @@ from typing import Any
 from tidal.server.config import Config
 from tidal.server.version import VERSION, build
 
-from . import cluster, commands, watch
+from . import calls, cluster, commands, watch
 from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
 from .workload import WORKLOADS
 
@@ -37,9 +37,13 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         help="call one method and print its result as JSON",
         description='Each argument is read as JSON where it parses (42, true, [1], {"a": 1},'
         ' "17"), as a string otherwise; one that starts like JSON ({, [ or ") must parse.'
-        """ To send digits as a string, quote them as JSON: '"17"'."""
-        " Exit status 1 on an error reply; 2 when the server cannot be reached or an"
-        " argument cannot be sent.",
+        """ To send digits as a string, quote them as JSON: '"17"'. The number and kind"""
+        " of arguments are checked before anything is sent. Binary values (a top"
+        " cursor) are printed in base64, and read back from base64 where a method takes"
+        " them. Exit status 1 on an error reply; 2 when the server cannot be reached or"
+        " an argument cannot be sent.",
+        epilog=calls.listing(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     call.add_argument("method")
     call.add_argument("args", nargs="*")

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from . import calls
+
 T = TypeVar("T")
 
 
@@ -79,9 +81,12 @@ def call(args: argparse.Namespace) -> int:
     except _BadArgument as exc:
         print(f"tidal call: {exc}", file=sys.stderr)
         return 2
-    status, result = _remote(args, args.method, params)
+    if (wrong := calls.check(args.method, params)) is not None:
+        print(f"tidal call: {wrong}", file=sys.stderr)
+        return 2
+    status, result = _remote(args, args.method, calls.sendable(args.method, params))
     if status == 0:
-        print(json.dumps(result, default=_json_default))
+        print(json.dumps(result, default=calls.shown))
     return status
 
 
@@ -213,9 +218,3 @@ def _uvloop_run(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:  # pragma: no cover
         return asyncio.run(coro)
     return uvloop.run(coro)
-
-
-def _json_default(value: object) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    raise TypeError(f"cannot show {type(value).__name__} as JSON")

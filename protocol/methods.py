@@ -1,14 +1,358 @@
-"""The names of tidal's methods, in one place for whatever must know them without the
-server's dispatch table (metrics label only these; issue 41 declares each fully)."""
+"""tidal's methods, each declared once, as data: the method table.
+
+The server builds its dispatch, its arity checks and its cluster routing from it; the
+CLI its ``tidal call`` checks and help; ``openrpc`` the document that ``rpc.discover``
+serves to clients in any language. A method not here does not exist on the wire.
+"""
 
 from __future__ import annotations
 
-from typing import Final
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
-METHODS: Final = frozenset(
-    {
-        "auth", "ping", "signal", "signal_batch", "partition_map", "leave", "rejoin", "purge",
-        "erase", "define_cohort", "drop_cohort", "subscribe", "unsubscribe", "status",
-        "cohorts", "counts", "stats", "health", "history", "top", "left_users",
-    }
-)  # fmt: skip
+from . import schemas as s
+from .schemas import Schema
+
+#: How cluster mode routes a method:
+#: ``user``: to the node serving the user its first parameter names (a batch: each signal's);
+#: ``any``: any node answers alike;
+#: ``log``: any node, which reads the commit log to its end first (reads and cohort changes
+#: that span users, decided in one order).
+Route = Literal["user", "any", "log"]
+
+#: a parameter's default when it has none: the caller must give it
+REQUIRED: Final = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    schema: Schema
+    summary: str
+    default: Any = REQUIRED
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    summary: str
+    params: tuple[Param, ...]
+    result: Schema
+    result_name: str
+    writes: bool = False
+    route: Route = "any"
+    #: answered while the server loads its database, or waits as a standby
+    while_starting: bool = False
+    #: (params, result) pairs, as a client sends and receives them (bin as base64)
+    examples: tuple[tuple[list[Any], Any], ...] = field(default=())
+
+    @property
+    def least(self) -> int:
+        return sum(p.required for p in self.params)
+
+    @property
+    def most(self) -> int:
+        return len(self.params)
+
+    @property
+    def signature(self) -> str:
+        """``user_id, limit=100, after_ns=0``, as PROTOCOL.md and errors write it."""
+        if not self.params:
+            return "none"
+        return ", ".join(
+            p.name if p.required else f"{p.name}={_written(p.default)}" for p in self.params
+        )
+
+    def arity_error(self, given: int) -> str | None:
+        """The message for ``given`` params, or None when the count is right."""
+        if self.least <= given <= self.most:
+            return None
+        count = str(self.least) if self.least == self.most else f"{self.least} to {self.most}"
+        return f"{self.name} takes {count} params ({self.signature}), got {given}"
+
+
+def _written(value: Any) -> str:
+    if value is None:
+        return "nil"
+    if isinstance(value, dict):
+        return "{}"
+    return repr(value)
+
+
+_USER = Param("user_id", s.USER_ID, "the user")
+
+TABLE: Final[tuple[Method, ...]] = (
+    Method(
+        "auth",
+        "Proves the connection's token; its first request when the server has one.",
+        (Param("token", {"type": "string"}, "the server's --token"),),
+        {"const": True},
+        "authenticated",
+        while_starting=True,
+        examples=(([""], True),),
+    ),
+    Method(
+        "ping",
+        "Answers pong: the server reads and answers.",
+        (),
+        {"const": "pong"},
+        "pong",
+        while_starting=True,
+        examples=(([], "pong"),),
+    ),
+    Method(
+        "signal",
+        "Records a signal in the ledger and, for an Active user, in every cohort it matches"
+        " and community it names.",
+        (
+            _USER,
+            Param("entity", s.ENTITY, "what the user acted on"),
+            Param("kind", s.KIND, "what the user did: view, like, ..."),
+            Param("weight", s.WEIGHT, "what it adds to weight sums", 1.0),
+            Param("context", s.CONTEXT, "communities, attrs, id (idempotency), at_ns", {}),
+        ),
+        s.ACK,
+        "acknowledgement",
+        writes=True,
+        route="user",
+        examples=(
+            (
+                [42, "song-17", "view", 1.0, {"communities": ["jazz"]}],
+                {"seq": 1, "forwarded": True},
+            ),
+        ),
+    ),
+    Method(
+        "signal_batch",
+        "Records 1..10,000 signals as one unit: all valid and committed together, or none.",
+        (
+            Param("signals", s.array(s.SIGNAL_ITEM, *s.BOUNDED_BATCH), "the signals"),
+            Param(
+                "options",
+                s.obj({"ack": {"enum": ["full", "compact"]}}),
+                "ack: full (a map per signal) or compact (one map)",
+                {},
+            ),
+        ),
+        {"oneOf": [s.array(s.ACK), s.COMPACT_ACK]},
+        "acknowledgements",
+        writes=True,
+        route="user",
+        examples=(
+            (
+                [[[42, "song-17", "view"], [7, "song-17", "like", 2.0]]],
+                [{"seq": 2, "forwarded": True}, {"seq": 3, "forwarded": True}],
+            ),
+        ),
+    ),
+    Method(
+        "partition_map",
+        "Which node serves each partition of users (cluster mode).",
+        (),
+        s.PARTITION_MAP,
+        "partition map",
+        examples=(
+            (
+                [],
+                {
+                    "cluster": None,
+                    "node": None,
+                    "partitions": 1,
+                    "hash": "fmix64",
+                    "owners": [[None, 0]],
+                },
+            ),
+        ),
+    ),
+    Method(
+        "leave",
+        "From now on the user's signals reach the ledger only; with purge, their past is"
+        " withdrawn too.",
+        (_USER, Param("options", s.obj({"purge": {"type": "boolean"}}), "purge: bool", {})),
+        s.MEMBERSHIP,
+        "membership",
+        writes=True,
+        route="user",
+    ),
+    Method(
+        "rejoin",
+        "The user's signals reach cohorts and communities again.",
+        (_USER,),
+        s.MEMBERSHIP,
+        "membership",
+        writes=True,
+        route="user",
+    ),
+    Method(
+        "purge",
+        "Withdraws the user's past signals from every cohort and community aggregate.",
+        (_USER,),
+        s.PURGED,
+        "purged",
+        writes=True,
+        route="user",
+    ),
+    Method(
+        "erase",
+        "Deletes the user's ledger rows and all they added, and leaves the user Left.",
+        (_USER,),
+        s.ERASED,
+        "erased",
+        writes=True,
+        route="user",
+    ),
+    Method(
+        "define_cohort",
+        "Defines or replaces a cohort: the signals its predicate matches.",
+        (Param("name", s.NAME, "the cohort"), Param("predicate", s.PREDICATE, "the rule")),
+        {"const": True},
+        "defined",
+        writes=True,
+        route="log",
+        examples=((["germany", {"country": "DE"}], True),),
+    ),
+    Method(
+        "drop_cohort",
+        "Drops a cohort: true if it existed.",
+        (Param("name", s.NAME, "the cohort"),),
+        {"type": "boolean"},
+        "existed",
+        writes=True,
+        route="log",
+        examples=((["germany"], True),),
+    ),
+    Method(
+        "subscribe",
+        "Sends this connection the change feed's events, from an id or from now.",
+        (Param("options", s.SUBSCRIBE_OPTIONS, "from: an event id; events: their names", {}),),
+        s.obj({"last_id": s.COUNT}, ("last_id",)),
+        "subscribed",
+        route="log",
+    ),
+    Method(
+        "unsubscribe",
+        "Stops this connection's events: false if it had none.",
+        (),
+        {"type": "boolean"},
+        "was subscribed",
+        examples=(([], False),),
+    ),
+    Method(
+        "status",
+        "Whether the user is Active or Left, and since when.",
+        (_USER,),
+        s.MEMBERSHIP,
+        "membership",
+        route="user",
+        examples=(([42], {"user_id": 42, "status": "active", "left_at_ns": None}),),
+    ),
+    Method(
+        "cohorts",
+        "The cohorts and their predicates; with page, a page of them.",
+        (Param("page", s.COHORTS_PAGE, "after: a cohort name; limit", None),),
+        {
+            "oneOf": [
+                s.COHORT_LIST,
+                s.obj(
+                    {"cohorts": s.COHORT_LIST, "more": s.nullable({"type": "string"})},
+                    ("cohorts", "more"),
+                ),
+            ]
+        },
+        "cohorts",
+        route="log",
+    ),
+    Method(
+        "counts",
+        "An entity's aggregates by kind: the ledger's, each cohort's and community's.",
+        (
+            Param("entity", s.ENTITY, "the entity"),
+            Param("page", s.COUNTS_PAGE, "window, after, limit", None),
+        ),
+        s.AGGREGATES,
+        "aggregates",
+        route="log",
+        examples=((["song-none"], {"ledger": {}, "cohorts": {}, "communities": {}}),),
+    ),
+    Method(
+        "stats",
+        "The server's figures: signals, users left, ledger rows, memory, ...",
+        (),
+        s.MAP,
+        "figures",
+    ),
+    Method(
+        "health",
+        "Whether the server can do its job: ok, starting, standby or failing.",
+        (),
+        s.obj(
+            {
+                "status": {"enum": ["ok", "starting", "standby", "failing"]},
+                "storage": {"type": "string"},
+                "memory": {"enum": ["ok", "full"]},
+                "serving": {"type": "string"},
+                "error": {"type": "string"},
+            },
+            ("status", "storage"),
+        ),
+        "health",
+        while_starting=True,
+    ),
+    Method(
+        "history",
+        "The user's leaves, rejoins, purges and erasures, oldest first.",
+        (
+            _USER,
+            Param("limit", s.HISTORY_LIMIT, "lines at most", 100),
+            Param("after_ns", s.NS, "lines after this time", 0),
+        ),
+        s.array(s.HISTORY_LINE),
+        "events",
+        route="user",
+        examples=(([42, 100, 0], []),),
+    ),
+    Method(
+        "top",
+        "The entities with the highest score in one aggregate: by count, weight or trend.",
+        (
+            Param("layer", {"enum": list(s.LAYERS)}, "ledger, cohort or community"),
+            Param("name", s.nullable(s.NAME), "the cohort or community; nil for the ledger"),
+            Param("kind", s.KIND, "the kind ranked"),
+            Param("options", s.TOP_OPTIONS, "by, window, half_life, limit, after", {}),
+        ),
+        s.TOP,
+        "ranking",
+        route="log",
+    ),
+    Method(
+        "left_users",
+        "The Left users in user_id order, a page at a time.",
+        (
+            Param("after", s.nullable(s.USER_ID), "the next of the previous page", None),
+            Param("limit", s.LEFT_LIMIT, "users at most", 1000),
+        ),
+        s.LEFT_USERS,
+        "left users",
+        examples=(([None, 1000], {"users": [], "next": None}),),
+    ),
+    Method(
+        "rpc.discover",
+        "This server's OpenRPC document: every method, its params and result.",
+        (),
+        s.obj(
+            {"openrpc": {"type": "string"}, "info": s.MAP, "methods": s.array(s.MAP)},
+            ("openrpc", "info", "methods"),
+            additionalProperties=True,
+        ),
+        "OpenRPC document",
+        while_starting=True,
+    ),
+)
+
+BY_NAME: Final[dict[str, Method]] = {m.name: m for m in TABLE}
+#: the names alone, for whatever must know them without the rest (metrics label only these)
+METHODS: Final = frozenset(BY_NAME)

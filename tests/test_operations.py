@@ -229,8 +229,42 @@ async def test_tidal_call_sends_what_was_typed(process: ServerProcess) -> None:
     assert done.returncode == 0 and json.loads(done.stdout)["forwarded"] is True, done.stderr
     done = await asyncio.to_thread(call, "counts", '"17"')
     assert json.loads(done.stdout)["ledger"]["view"]["count"] == 1
-    done = await asyncio.to_thread(call, "counts", "17")  # an int: the server says so
-    assert done.returncode == 1 and "entity: must be a string, got int" in done.stderr
+    done = await asyncio.to_thread(call, "counts", "17")  # an int: checked before sending
+    refused(done, "argument 1 (entity) must be string, got int 17", "quote it as JSON")
+    done = await asyncio.to_thread(call, "ping", "1")  # the number of arguments too
+    refused(done, "ping takes 0 params (none), got 1")
+    done = await asyncio.to_thread(call, "pong")
+    refused(done, "no method 'pong'", "tidal call --help")
+    done = await asyncio.to_thread(call, "counts", '"17"', '{"window": "2h"}')  # the server's rule
+    assert done.returncode == 1 and "window" in done.stderr, done.stderr
+
+
+async def test_tidal_call_prints_a_cursor_that_can_be_sent_back(process: ServerProcess) -> None:
+    await process.start()
+    port = ["--port", str(process.port)]
+    for user, entity in enumerate(["a", "b", "b"]):
+        await asyncio.to_thread(tidal, "call", *port, "signal", str(user), entity, "view")
+    pages = []
+    after: list[str] = []
+    for _ in range(2):
+        options = json.dumps({"limit": 1, **({"after": after[0]} if after else {})})
+        done = await asyncio.to_thread(
+            tidal, "call", *port, "top", "ledger", "null", "view", options
+        )
+        assert done.returncode == 0, done.stderr
+        page = json.loads(done.stdout)
+        pages.append(page["entities"][0]["entity"])
+        after = [page["next"]]
+    assert pages == ["b", "a"]
+
+
+def test_tidal_call_help_lists_every_method() -> None:
+    from tidal.protocol.methods import TABLE
+
+    done = tidal("call", "--help")
+    assert done.returncode == 0
+    for method in TABLE:
+        assert f"  {method.name} " in done.stdout and method.summary in done.stdout, method.name
 
 
 def test_tidal_version_is_the_installed_one_and_says_how_it_was_built() -> None:

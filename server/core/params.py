@@ -26,6 +26,7 @@ from tidal.protocol.limits import (
     USER_ID_MAX,
     WEIGHT_MAX,
 )
+from tidal.protocol.methods import BY_NAME
 from tidal.server.errors import InvalidParams
 
 T = TypeVar("T")
@@ -33,6 +34,13 @@ T = TypeVar("T")
 Scalar: TypeAlias = str | int | float | bool
 #: attribute -> the value it must have, or an array of values it may have
 Predicate: TypeAlias = dict[str, Scalar | list[Scalar]]
+
+
+def arity_of(method: str, params: list[Any]) -> None:
+    """The method table's rule for how many params ``method`` takes."""
+    message = BY_NAME[method].arity_error(len(params))
+    if message is not None:
+        raise InvalidParams(message)
 
 
 def arity(params: list[Any], method: str, names: str, least: int, most: int) -> None:

@@ -111,7 +111,6 @@ def top_request(
     args: list[Any], cohorts: dict[str, int], decay: Sequence[tuple[int, int]], budget: int
 ) -> TopRequest:
     """``top(layer, name, kind, options={})``, checked: each argument and option by name."""
-    params.arity(args, "top", "layer, name, kind, options={}", 3, 4)
     layer_name, name, kind_value = args[0], args[1], args[2]
     if type(layer_name) is bytes:
         layer_name = layer_name.decode("utf-8", "replace")

@@ -31,7 +31,6 @@ class Changes:
         self._last_event_ns = last_event_ns
 
     def leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "leave", "user_id, options={}", 1, 2)
         user_id = params.user_id(args[0])
         purge = params.leave_options(args[1]) if len(args) > 1 else False
         batch = self._e.committer.writable()
@@ -58,7 +57,6 @@ class Changes:
         self._e.past.ask(w, join, conn, msgid, Outcome(w, membership, saved, batch), saved)
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "rejoin", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         batch = self._e.committer.writable()
         if self._e.owners is not None:
@@ -73,7 +71,6 @@ class Changes:
             self._e.committer.answer(conn, msgid, self._e.members.status(user_id).wire())
 
     def purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "purge", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         self._e.committer.writable()  # refused now, if writes are
         if self._e.owners is not None:  # checked again as it joins its batch (``past``)
@@ -89,7 +86,6 @@ class Changes:
     def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Right to erasure: the rows go, with all they added; the user stays Left, so
         that a stale client's later signals are gated (kept as the ledger's only)."""
-        params.arity(args, "erase", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         batch = self._e.committer.writable()
         if self._e.owners is not None:
@@ -136,7 +132,6 @@ class Changes:
         batch.changes.append(change)
 
     def define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "define_cohort", "name, predicate", 2, 2)
         name = params.cohort_name(args[0])
         predicate = params.predicate(args[1])
         batch = self._e.committer.writable()
@@ -149,7 +144,6 @@ class Changes:
             self._e.committer.answer(conn, msgid, True)
 
     def drop_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "drop_cohort", "name", 1, 1)
         name = params.cohort_name(args[0])
         batch = self._e.committer.writable()
         if self._e.owners is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
+from tidal.protocol.methods import TABLE as METHODS
 from tidal.protocol.partitions import HASH
 from tidal.server.core import budget, chunks, ledger, orders, params, restore, userrows
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
@@ -47,6 +48,7 @@ from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
 
 from .changes import Changes
 from .committer import Committer
+from .dispatch import Handler, discover, dispatch
 from .feed import Feed
 from .past import Past
 from .ranked import Ranked
@@ -62,9 +64,6 @@ def _ahead(where: str, at_ns: int, now_ns: int) -> None:
         f"{where}: {at_ns} is {(at_ns - now_ns) / 1e9:.0f} s ahead of the server's clock;"
         f" at most {AHEAD_NS // 10**9} s ahead"
     )
-
-
-Handler = Callable[[Replier, int | None, list[Any]], None]
 
 
 class Engine:
@@ -145,6 +144,7 @@ class Engine:
             "signal": self._signal,
             "signal_batch": self._signal_batch,
             "partition_map": self._partition_map,
+            "rpc.discover": discover,
         }
         changes = Changes(self, snapshot.last_event_ns, clock)
         self._methods.update(
@@ -175,9 +175,13 @@ class Engine:
         if self.replica is not None:
             self.feed.cluster = True
             # reads that span users, and cohort changes: decided against the log's end
-            for method in ("counts", "top", "cohorts", "define_cohort", "drop_cohort"):
-                self._methods[method] = self.replica.synced(method, self._methods[method])
+            for method in METHODS:
+                if method.route == "log" and method.name != "subscribe":
+                    handler = self._methods[method.name]
+                    self._methods[method.name] = self.replica.synced(method.name, handler)
             self.feed.resync = self.replica.synced("subscribe", self.feed.synced_subscribe)
+        #: each method's handler and how many params it takes, from the method table
+        self._dispatch = dispatch(self._methods)
 
     @property
     def tallies(self) -> int:
@@ -203,9 +207,12 @@ class Engine:
         ``msgid`` is None for a notification: it is applied, never answered.
         """
         try:
-            handler = self._methods.get(method)
-            if handler is None:
+            entry = self._dispatch.get(method)
+            if entry is None:
                 raise MethodNotFound(f"method not found: {method!r}")
+            handler, least, most = entry
+            if not least <= len(args) <= most:
+                params.arity_of(method, args)
             handler(conn, msgid, args)
         except RequestError as exc:
             conn.reply_error(msgid, exc.code, str(exc))
@@ -216,11 +223,9 @@ class Engine:
     # -- writes ----------------------------------------------------------
 
     def _ping(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "ping", "none", 0, 0)
         conn.reply(msgid, "pong")
 
     def _partition_map(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "partition_map", "none", 0, 0)
         if self.owners is not None:
             conn.reply(msgid, self.owners.wire())
         else:  # one node serves every user

@@ -16,6 +16,8 @@ from tidal.server.core import params
 from tidal.server.core.replies import Later, Replier
 from tidal.server.errors import InvalidParams
 
+from .dispatch import discover
+
 OK: Final = "ok"
 STARTING: Final = "starting"
 FAILING: Final = "failing"
@@ -69,11 +71,14 @@ class Booting:
             return
         try:
             if method == "ping":
-                params.arity(args, "ping", "none", 0, 0)
+                params.arity_of(method, args)
                 conn.reply(msgid, "pong")
             elif method == "health":
-                params.arity(args, "health", "none", 0, 0)
+                params.arity_of(method, args)
                 conn.reply(msgid, self.health())
+            elif method == "rpc.discover":
+                params.arity_of(method, args)
+                discover(conn, msgid, args)
             else:
                 conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.refusal())
         except InvalidParams as exc:

@@ -42,7 +42,6 @@ class Reads:
         self._started = time.monotonic()
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "status", "user_id", 1, 1)
         user_id = params.user_id(args[0])
         if self._engine.owners is not None:
             self._engine.owners.check(user_id)
@@ -50,7 +49,6 @@ class Reads:
         self._engine.committer.answer(conn, msgid, status.wire())
 
     def cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "cohorts", "page={}", 0, 1)
         if args:
             page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
             after = page.get("after")
@@ -65,7 +63,6 @@ class Reads:
         conn.flush()  # a large reply made now must meet the peer's flow control at once
 
     def counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "counts", "entity, page={}", 1, 2)
         entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
         most = self._engine.reply_budget // SLOT_REPLY_BYTES
         page = params.page(
@@ -78,7 +75,6 @@ class Reads:
 
     def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""
-        params.arity(args, "history", "user_id, limit=100, after_ns=0", 1, 3)
         user_id = params.user_id(args[0])
         most = min(MAX_HISTORY, self._engine.reply_budget // HISTORY_LINE_BYTES)
         limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(100, most)
@@ -99,7 +95,6 @@ class Reads:
 
     def left_users(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A page of Left users in user_id order: for audits and for reconciling a copy."""
-        params.arity(args, "left_users", "after=nil, limit=1000", 0, 2)
         after = params.user_id(args[0], "after") if args and args[0] is not None else None
         most = min(MAX_LEFT_USERS, self._engine.reply_budget // LEFT_USER_BYTES)
         limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(1000, most)
@@ -117,7 +112,6 @@ class Reads:
         committer.later(conn, msgid, read)
 
     def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        params.arity(args, "stats", "none", 0, 0)
         signals = self._engine.signals
         kept, ranked = orders.kept_orders(self._engine.board)
         stats = {
@@ -150,7 +144,6 @@ class Reads:
     def check_health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Answered after a round trip through the writer: a stuck disk times it out.
         After a full disk, the round trip carries a small write, to see if space is back."""
-        params.arity(args, "health", "none", 0, 0)
         if msgid is None:
             conn.reply(None, None)
             return

@@ -1,0 +1,41 @@
+"""The dispatch table, built from the method table (``tidal.protocol.methods``): a method
+the table declares and no handler serves, or the reverse, stops the server at its start,
+so the two never drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from tidal.protocol.methods import BY_NAME
+from tidal.protocol.openrpc import document
+from tidal.server.core.replies import Replier
+from tidal.server.version import VERSION
+
+Handler = Callable[[Replier, int | None, list[Any]], None]
+
+#: what the connection answers itself, before any handler (``net.auth``)
+CONNECTION_METHODS = frozenset({"auth"})
+
+
+def dispatch(handlers: dict[str, Handler]) -> dict[str, tuple[Handler, int, int]]:
+    """Each handler with the least and the most params its method takes."""
+    declared = set(BY_NAME) - CONNECTION_METHODS
+    if set(handlers) != declared:
+        raise RuntimeError(
+            f"the method table and the handlers differ: declared, no handler:"
+            f" {sorted(declared - set(handlers))}; handled, not declared:"
+            f" {sorted(set(handlers) - declared)}"
+        )
+    return {name: (h, BY_NAME[name].least, BY_NAME[name].most) for name, h in handlers.items()}
+
+
+@cache
+def openrpc() -> dict[str, Any]:
+    return document(VERSION)
+
+
+def discover(conn: Replier, msgid: int | None, args: list[Any]) -> None:
+    """``rpc.discover``: the OpenRPC document of every method (``protocol.openrpc``)."""
+    conn.reply(msgid, openrpc())
