@@ -13,15 +13,24 @@ STAMP  := $(VENV)/.installed-stamp
 # rebuilds it (about a minute).
 SOURCES := $(shell find server protocol client cli testing -name '*.py') setup.py
 
+# `make run` installs what serving needs (SERVE_STAMP); `make test` that and the test tools
+# (STAMP), which serves too.
+SERVE_STAMP := $(VENV)/.serve-stamp
+INSTALL = $(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None' \
+	&& (test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)) \
+	&& rm -rf build/lib.* build/bdist.* \
+	&& $(BIN)/python -m pip install --quiet --upgrade pip \
+	&& $(BIN)/python -m pip install --quiet
+
 $(STAMP): pyproject.toml $(SOURCES)
-	$(PYTHON) -c 'import sys; sys.exit("tidal needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	rm -rf build/lib.* build/bdist.*  # a module moved or removed must not ship from here
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet '.[dev]'
+	$(INSTALL) '.[dev]'  # build/: a module moved or removed must not ship from there
+	touch $@ $(SERVE_STAMP)
+
+$(SERVE_STAMP): pyproject.toml $(SOURCES)
+	$(INSTALL) .
 	touch $@
 
-run: $(STAMP)
+run: $(SERVE_STAMP)
 	$(BIN)/tidal serve
 
 test: lint pytest

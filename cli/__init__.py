@@ -13,16 +13,24 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
+from tidal.protocol.schemas import WINDOW_ALIASES, WINDOWS
 from tidal.server.config import Config
 from tidal.server.version import VERSION, build
 
 from . import calls, cluster, commands, watch
-from .settings import TOKEN_SEEN, Settings, client_options, resolve_token, serve_options
+from .settings import (
+    TOKEN_SEEN,
+    Parser,
+    Settings,
+    client_options,
+    resolve_token,
+    serve_options,
+)
 from .workload import WORKLOADS
 
 
 def _parser() -> tuple[argparse.ArgumentParser, Settings]:
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = Parser(
         prog="tidal", description="tidal: a signal server with an instant, durable leave switch."
     )
     parser.add_argument("--version", action="version", version=f"tidal {VERSION} ({build()})")
@@ -64,6 +72,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         sub = commands.add_parser(name, help=f"print {text}, readably")
         if name == "status":
             sub.add_argument("user_id", type=int)
+        sub.add_argument("--json", action="store_true", help="print the reply as one JSON object")
         client_options(settings, sub)
     top = commands.add_parser(
         "top",
@@ -80,10 +89,17 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         help="the cohort's or community's name (none for the ledger), then the kind",
     )
     top.add_argument("--by", choices=("count", "weight", "trend"), default="count")
-    top.add_argument("--window", choices=("1h", "24h", "7d", "30d", "all"), help="(default all)")
+    top.add_argument("--window", choices=WINDOWS[1:] + tuple(WINDOW_ALIASES) + WINDOWS[:1],
+                     help="(default all)")  # fmt: skip
     top.add_argument("--half-life", help="with --by trend: one of the server's --trend-half-lives")
     top.add_argument("--limit", type=int, default=10, help="entities, 1..1000 (default 10)")
-    top.add_argument("--json", action="store_true", help="print the reply as one JSON object")
+    top.add_argument(
+        "--after",
+        help="the next page: the 'next' that --json printed for the page before (base64)",
+    )
+    top.add_argument(
+        "--json", action="store_true", help="print the reply as one JSON object (next in base64)"
+    )
     client_options(settings, top)
     client_options(settings, watch.add(commands))
     health = commands.add_parser(

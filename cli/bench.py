@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,8 @@ class BenchResult:
     #: the server's CPU time (user + system) per signal, or per request for other
     #: workloads, in microseconds; None without ``server_pid``
     server_cpu_us: float | None = None
+    #: stopped by Ctrl-C: the figures are of the requests answered until then
+    interrupted: bool = False
 
 
 class _Load(asyncio.Protocol):
@@ -266,16 +269,17 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     for conn in conns:
         conn.start()
     reporter = asyncio.create_task(_report(conns, cfg.requests, progress)) if progress else None
-    await finished.wait()
+    interrupted = await _until(finished)
     seconds = time.perf_counter() - began
     cpu = _cpu_seconds(cfg.server_pid) - cpu_before
+    answered = sum(c.answered for c in conns) if interrupted else cfg.requests
     if reporter is not None:
         reporter.cancel()
-        progress(cfg.requests, cfg.requests)  # type: ignore[misc]
+        progress(answered, cfg.requests)  # type: ignore[misc]
     for conn in conns:
         conn.transport.close()
     lost = [c.lost for c in conns if c.lost is not None]
-    if lost:
+    if lost and not interrupted:
         raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
     if cfg.redis_sha is None and not cfg.keep:  # after the clock: not measured
         print(f"tidal bench: {await clean_up(cfg, users, cohort)}", file=sys.stderr)
@@ -285,23 +289,44 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
         if cfg.workload in BATCHES
         else {"signal": 1, "mixed": 0.95}.get(cfg.workload, 0)
     )
-    signals = int(cfg.requests * signals_per_request)
-    server_cpu_us = round(cpu / (signals or cfg.requests) * 1e6, 2) if cfg.server_pid else None
+    signals = int(answered * signals_per_request)
+    server_cpu_us = round(cpu / (signals or answered or 1) * 1e6, 2) if cfg.server_pid else None
     return BenchResult(
         workload=cfg.workload,
         clients=cfg.clients,
         pipeline=cfg.pipeline,
-        requests=cfg.requests,
+        requests=answered,
         signals=signals,
         errors=sum(c.errors for c in conns),
         seconds=round(seconds, 4),
-        requests_per_s=round(cfg.requests / seconds, 1),
+        requests_per_s=round(answered / seconds, 1),
         signals_per_s=round(signals / seconds, 1),
         p50_ms=round(_percentile(latencies, 0.5), 3),
         p99_ms=round(_percentile(latencies, 0.99), 3),
         p999_ms=round(_percentile(latencies, 0.999), 3),
         server_cpu_us=server_cpu_us,
+        interrupted=interrupted,
     )
+
+
+async def _until(finished: asyncio.Event) -> bool:
+    """Waits for the run to finish; True if Ctrl-C (SIGINT) stopped it first: what was
+    measured until then is reported, not a traceback."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    try:
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+    except (NotImplementedError, RuntimeError):  # no signals here (not the main thread)
+        await finished.wait()
+        return False
+    waits = [asyncio.ensure_future(finished.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        loop.remove_signal_handler(signal.SIGINT)
+    return not finished.is_set()
 
 
 def _cpu_seconds(pid: int | None) -> float:
@@ -340,6 +365,8 @@ def format_result(result: BenchResult, as_json: bool) -> str:
         f"  latency p50 {r.p50_ms:.3f} ms, p99 {r.p99_ms:.3f} ms, p99.9 {r.p999_ms:.3f} ms",
         f"  {r.errors} errors, {r.seconds:.2f} s",
     ]
+    if r.interrupted:
+        lines.insert(0, f"interrupted (Ctrl-C): the {r.requests} requests answered until then")
     if r.server_cpu_us is not None:
         per = "signal" if r.signals else "request"
         lines.append(f"  server CPU {r.server_cpu_us:.2f} µs per {per}")

@@ -105,11 +105,14 @@ def top(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         options["window"] = args.window
     if args.half_life is not None:
         options["half_life"] = args.half_life
-    status, result = _remote(args, "top", [args.layer, name, args.name_and_kind[-1], options])
+    if args.after is not None:
+        options["after"] = args.after  # base64, as --json printed it
+    params = calls.sendable("top", [args.layer, name, args.name_and_kind[-1], options])
+    status, result = _remote(args, "top", params)
     if status != 0:
         return status
-    if args.json:  # the cursor is bytes: shown in hex
-        print(json.dumps({**result, "next": result["next"] and result["next"].hex()}))
+    if args.json:  # the cursor is bytes: shown in base64, as --after takes it
+        print(json.dumps(result, default=calls.shown))
         return 0
     rows = [("rank", "entity", "count", "weight", "score")]
     for rank, e in enumerate(result["entities"], 1):
@@ -119,8 +122,10 @@ def top(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) if i == 1 else cell.rjust(w)
                         for i, (cell, w) in enumerate(zip(row, widths, strict=True))))  # fmt: skip
-    if len(rows) == 1:
-        print("(nothing counted here yet)")
+    if len(rows) == 1 and args.after is None:
+        where = "the ledger" if name is None else f"{args.layer} {name!r}"
+        within = f" in the last {args.window}" if args.window not in (None, "all") else ""
+        print(f"(nothing counted in {where} under kind {args.name_and_kind[-1]!r}{within})")
     print(f"as of {_iso(result['as_of_ns'])}" + (", more after these" if result["next"] else ""))
     return 0
 
@@ -139,6 +144,12 @@ def health(args: argparse.Namespace) -> int:
 
 
 def readable(args: argparse.Namespace) -> int:
+    method, params = ("status", [args.user_id]) if args.command == "status" else ("stats", [])
+    if args.json:
+        status, result = _remote(args, method, params)
+        if status == 0:
+            print(json.dumps(result, default=calls.shown))
+        return status
     if args.command == "status":
         status, result = _remote(args, "status", [args.user_id])
         if status == 0:
@@ -208,8 +219,11 @@ def bench(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"tidal bench: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the clock started, or while cleaning up after it
+        print("tidal bench: interrupted (Ctrl-C); nothing measured", file=sys.stderr)
+        return 130
     print(load.format_result(result, args.json))
-    return 1 if result.errors else 0
+    return 130 if result.interrupted else 1 if result.errors else 0
 
 
 def _uvloop_run(coro: Coroutine[Any, Any, T]) -> T:

@@ -47,10 +47,12 @@ class Settings:
         *,
         type: Callable[[str], Any] = str,
         choices: tuple[str, ...] | None = None,
+        short: str | None = None,
     ) -> None:
         shown = "off" if default is None else default
         convert = _lower if choices else type
         action = parser.add_argument(
+            *((short,) if short else ()),
             flag,
             default=argparse.SUPPRESS,
             type=convert,
@@ -75,6 +77,14 @@ class Settings:
                 if spec.choices is not None and value not in spec.choices:
                     refuse(parser, f"{spec.env}={raw!r}: must be one of {', '.join(spec.choices)}")
             setattr(args, spec.dest, value)
+
+
+class Parser(argparse.ArgumentParser):
+    """Any mistake on the command line in one line, naming it: not the usage first (for
+    ``serve``, thirty lines before the one that matters)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists what it takes)\n")
 
 
 def refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
@@ -176,7 +186,7 @@ def client_options(
         "127.0.0.1",
         "the server's address; several, comma-separated (h1,h2:7412): a tidal and its standbys",
     )
-    settings.add(parser, "--port", "TIDAL_PORT", "7411", "the server's port", type=port)
+    settings.add(parser, "--port", "TIDAL_PORT", "7411", "the server's port", type=port, short="-p")
     token_options(settings, parser, "send auth(token) first")
     if tls:  # bench makes its own connections: it takes no --timeout and no TLS
         parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")

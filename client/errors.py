@@ -3,9 +3,9 @@ every failure of a call; one class per wire error code for the server's answers.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
-from tidal.protocol import ErrorCode, LocalProtocolError
+from tidal.protocol import ErrorCode, LocalProtocolError, error_data
 
 
 class TidalError(Exception):
@@ -40,13 +40,17 @@ class CallTimeout(TidalError, TimeoutError):
 
 
 class ServerError(TidalError):
-    """The server answered with an error ``[code, message]``."""
+    """The server answered with an error ``[code, message, data]``; ``data`` is a map
+    (PROTOCOL.md says what each code's holds; empty from a server without it)."""
 
     code: ClassVar[int] = 0
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(
+        self, message: str, code: int | None = None, data: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.data: dict[str, Any] = data if data is not None else {}
         if code is not None:
             self.code = code  # type: ignore[misc]
 
@@ -76,7 +80,7 @@ class FeedGap(InvalidParams):
     current state, then followed from a new subscription. ``oldest``: the oldest kept."""
 
     def __init__(self, message: str, oldest: int | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, data={"oldest": oldest})
         self.oldest = oldest
 
 
@@ -95,20 +99,28 @@ class Unavailable(ServerError):
     code = ErrorCode.UNAVAILABLE
 
     @property
+    def kind(self) -> str:
+        """``starting``, ``standby``, ``retry``, ``full``, ``stopping`` or ``unavailable``:
+        the error's ``data.kind`` (PROTOCOL.md)."""
+        kind = self.data.get("kind")
+        return kind if isinstance(kind, str) else error_data(self.code, self.message)["kind"]
+
+    @property
     def starting(self) -> bool:
-        return self.message.startswith(STARTING)
+        """The server is still loading its database (or a partition): nothing was applied."""
+        return self.kind == "starting"
 
     @property
     def standby(self) -> bool:
         """The server waits to take over from another and applied nothing: a client given
         several addresses goes to another."""
-        return self.message.startswith(STANDBY)
+        return self.kind == "standby"
 
     @property
     def retry(self) -> bool:
         """Nothing was applied, for a passing reason (cluster mode: another node changed the
         cohorts as this request's were matched): the clients send it again."""
-        return self.message.startswith(RETRY)
+        return self.kind == "retry"
 
     @property
     def full(self) -> bool:
@@ -116,17 +128,7 @@ class Unavailable(ServerError):
         nothing of it was applied; writes to aggregates it holds, and every other request,
         go on. Sending it again helps only once a purge, an erasure or an operator made
         room."""
-        return self.message.startswith(FULL)
-
-
-#: how a server still loading its database begins its error 2 (docs/PROTOCOL.md)
-STARTING: Final = "starting:"
-#: ... and a standby, waiting to take over from another (``tidal serve --standby``)
-STANDBY: Final = "standby:"
-#: ... and a request refused for a passing reason, nothing of it applied (docs/PROTOCOL.md)
-RETRY: Final = "retry:"
-#: ... and a write refused for the server's memory budget (docs/PROTOCOL.md)
-FULL: Final = "full:"
+        return self.kind == "full"
 
 
 class TooLarge(ServerError):
@@ -142,8 +144,8 @@ class Moved(ServerError):
 
     @property
     def address(self) -> str | None:
-        last = self.message.rsplit(" ", 1)[-1]
-        return None if last == "unknown" else last
+        owner = (self.data or error_data(self.code, self.message)).get("owner")
+        return owner if isinstance(owner, str) else None
 
 
 _BY_CODE: dict[int, type[ServerError]] = {
@@ -179,8 +181,13 @@ def closed_by_server(params: Any) -> ConnectionLost:
 
 def from_wire(error: Any) -> ServerError:
     """The exception for a response's error field, whatever shape a server sent."""
-    if type(error) is list and len(error) == 2 and type(error[0]) is int:
-        code, message = error
+    if type(error) is list and len(error) in (2, 3) and type(error[0]) is int:
+        code, message = error[:2]
+        data = error[2] if len(error) == 3 and type(error[2]) is dict else {}
         cls = _BY_CODE.get(code, ServerError)
-        return cls(str(message), None if cls is not ServerError else code)
+        exc = cls(str(message), None if cls is not ServerError else code)
+        exc.data = data
+        if cls is InvalidParams and "oldest" in data:  # a change feed cursor lost
+            return FeedGap(str(message), data["oldest"])
+        return exc
     return ServerError(repr(error))

@@ -9,7 +9,6 @@ an error, never a silent skip.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -19,8 +18,6 @@ from tidal.protocol.limits import FEED_EVENTS
 
 from .errors import ConnectionLost, FeedGap, InvalidArgument, InvalidParams, closed_by_server
 from .types import FeedEvent
-
-_OLDEST = re.compile(r"the oldest kept is (\d+)")
 
 
 class Behind(ConnectionLost):
@@ -56,11 +53,12 @@ class Cursor:
             self.last = int(reply["last_id"])
 
     def refused(self, exc: InvalidParams) -> InvalidParams:
-        """A ``from`` too old for what the server keeps is a gap this cannot fill."""
-        found = _OLDEST.search(exc.message)
-        if found is None:
+        """A ``from`` too old for what the server keeps (``data.oldest``) is a gap this
+        cannot fill."""
+        oldest = exc.data.get("oldest")
+        if isinstance(exc, FeedGap) or type(oldest) is not int:
             return exc
-        return FeedGap(exc.message, int(found[1]))
+        return FeedGap(exc.message, oldest)
 
     def take(self, method: str, params: Any) -> FeedEvent | None:
         """The event to yield, or None (a heartbeat, an event yielded already). Raises

@@ -1,7 +1,7 @@
 """MessagePack-RPC for tidal, sans-I/O: no sockets, no event loop, only bytes and messages."""
 
 from .connection import DEFAULT_MAX_MESSAGE_SIZE, Connection, notification_head
-from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError
+from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, error_data
 from .framing import DECODING, NEED_DATA
 from .messages import (
     MSGID_MAX,
@@ -35,5 +35,6 @@ __all__ = [
     "RemoteProtocolError",
     "Request",
     "Response",
+    "error_data",
     "notification_head",
 ]

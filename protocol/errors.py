@@ -7,7 +7,9 @@ the peer sent something we cannot make sense of (the connection must go).
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
+from typing import Any, Final
 
 
 class ErrorCode(IntEnum):
@@ -51,3 +53,32 @@ class RemoteProtocolError(ProtocolError):
     ) -> None:
         super().__init__(message, code)
         self.msgid = msgid
+
+
+#: error 2's kinds besides ``unavailable`` (storage failed or away): its message begins
+#: with the kind and a colon. What a client does next: ask again shortly (``starting``,
+#: ``retry``), go to another address (``standby``, ``stopping``), or make room (``full``)
+UNAVAILABLE_KINDS: Final = ("starting", "standby", "retry", "full", "stopping")
+_MOVED: Final = re.compile(r"moved: (?:user (\d+) is in partition (\d+), )?.*served by (\S+)$")
+_OLDEST: Final = re.compile(r"the oldest kept is (\d+)")
+
+
+def error_data(code: int, message: str) -> dict[str, Any]:
+    """The structured data of an error, the third element of ``[code, message, data]``
+    (PROTOCOL.md), so that no client reads it from the message: error 2's ``kind``;
+    ``moved``'s ``owner`` (``host:port``, or nil while no node serves the partition), with
+    ``user_id`` and ``partition`` where one user was refused; a lost feed cursor's
+    ``oldest`` kept event id. Every such message is written by tidal in one form, which
+    this reads."""
+    if code == ErrorCode.UNAVAILABLE:
+        head = message.split(":", 1)[0]
+        return {"kind": head if head in UNAVAILABLE_KINDS else "unavailable"}
+    if code == ErrorCode.MOVED and (moved := _MOVED.match(message)) is not None:
+        user, part, owner = moved.groups()
+        data: dict[str, Any] = {"owner": None if owner == "unknown" else owner}
+        if user is not None:
+            data.update(user_id=int(user), partition=int(part))
+        return data
+    if code == ErrorCode.INVALID_PARAMS and (oldest := _OLDEST.search(message)) is not None:
+        return {"oldest": int(oldest[1])}
+    return {}

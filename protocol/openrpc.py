@@ -19,33 +19,44 @@ from .methods import TABLE, Method
 #: the OpenRPC specification this document follows
 OPENRPC: Final = "1.4.1"
 
-#: each error code: its name, and what it means (PROTOCOL.md says more)
-ERRORS: Final[dict[ErrorCode, tuple[str, str]]] = {
+#: each error code: its name, what it means, and its ``data`` (PROTOCOL.md says more)
+ERRORS: Final[dict[ErrorCode, tuple[str, str, Any]]] = {
     ErrorCode.PARSE_ERROR: (
         "parse error",
         "the bytes are not MessagePack; the connection is closed",
+        {},
     ),
-    ErrorCode.INVALID_REQUEST: ("invalid request", "a request of the wrong shape"),
-    ErrorCode.METHOD_NOT_FOUND: ("method not found", "no such method"),
+    ErrorCode.INVALID_REQUEST: ("invalid request", "a request of the wrong shape", {}),
+    ErrorCode.METHOD_NOT_FOUND: ("method not found", "no such method", {}),
     ErrorCode.INVALID_PARAMS: (
         "invalid params",
-        "a parameter broke its rule; the message names the parameter and the rule",
+        "a parameter broke its rule; the message names the parameter and the rule. data:"
+        " {oldest: id} when subscribe's from is older than the events kept, else {}",
+        {"oldest": 812},
     ),
     ErrorCode.INTERNAL_ERROR: (
         "internal error",
         "a bug in tidal; the request may or may not have been applied",
+        {},
     ),
-    ErrorCode.UNAUTHORIZED: ("unauthorized", "auth has not succeeded on this connection"),
+    ErrorCode.UNAUTHORIZED: ("unauthorized", "auth has not succeeded on this connection", {}),
     ErrorCode.UNAVAILABLE: (
         "unavailable",
-        "nothing was saved: storage failed, or the server"
-        " is starting (starting:), a standby (standby:), refusing for a"
-        " passing reason (retry:), or at its memory budget (full:)",
+        "nothing was saved (unless the message says what was). data.kind: starting (ask"
+        " again shortly), standby (ask the tidal serving), retry (send it again), full (the"
+        " memory budget), stopping (a node shutting down) or unavailable (storage)",
+        {"kind": "starting"},
     ),
-    ErrorCode.TOO_LARGE: ("too large", "a message over the size limit; the connection is closed"),
+    ErrorCode.TOO_LARGE: (
+        "too large",
+        "a message over the size limit; the connection is closed",
+        {},
+    ),
     ErrorCode.MOVED: (
         "moved",
-        "cluster mode: another node serves the user; the message ends with its address, or unknown",
+        "cluster mode: another node serves the user; nothing was applied. data: {owner:"
+        " host:port or nil, user_id, partition}",
+        {"owner": "10.0.0.2:7411", "user_id": 42, "partition": 204},
     ),
 }
 
@@ -107,7 +118,7 @@ def document(version: str) -> dict[str, Any]:
             "description": (
                 "A signal server with an instant, durable leave switch. It speaks"
                 " MessagePack-RPC over TCP: a request is [0, msgid, method, params], a"
-                " response [1, msgid, error, result] with error [code, message] or nil,"
+                " response [1, msgid, error, result] with error [code, message, data] or nil,"
                 " a notification [2, method, params]. Params are positional. MessagePack"
                 " values map onto JSON Schema as JSON's do; a string may come as a str or"
                 " a bin of UTF-8; a value marked x-msgpack: bin is opaque bytes (a bin),"
@@ -126,8 +137,12 @@ def document(version: str) -> dict[str, Any]:
         "methods": [_method(m) for m in TABLE],
         "components": {
             "errors": {
-                _error_name(code): {"code": int(code), "message": name, "data": meaning}
-                for code, (name, meaning) in ERRORS.items()
+                _error_name(code): {
+                    "code": int(code),
+                    "message": f"{name}: {meaning}",
+                    "data": data,
+                }
+                for code, (name, meaning, data) in ERRORS.items()
             }
         },
     }

@@ -39,6 +39,8 @@ Schema: TypeAlias = dict[str, Any]
 
 #: the windows a read counts over
 WINDOWS: Final = ("all", "1h", "24h", "7d", "30d")
+#: other names a window is given by: the same window
+WINDOW_ALIASES: Final = {"1d": "24h"}
 #: the layers ``top`` ranks
 LAYERS: Final = ("ledger", "cohort", "community")
 #: what ``top`` ranks by
@@ -187,7 +189,7 @@ AGGREGATES: Final[Schema] = obj(
 COUNTS_PAGE: Final[Schema] = {
     **obj(
         {
-            "window": {"enum": list(WINDOWS)},
+            "window": {"enum": [*WINDOWS, *WINDOW_ALIASES]},
             "after": array({"type": "string"}, 3, 3),
             "limit": {"type": "integer", "minimum": 1},
         }
@@ -201,7 +203,7 @@ COHORT_LIST: Final[Schema] = {"type": "object", "additionalProperties": PREDICAT
 TOP_OPTIONS: Final[Schema] = obj(
     {
         "by": {"enum": list(RANK_BY)},
-        "window": {"enum": list(WINDOWS)},
+        "window": {"enum": [*WINDOWS, *WINDOW_ALIASES]},
         "half_life": {"type": "string", "description": "like 30m, 6h, 1d: one the server keeps"},
         "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
         "after": {**BIN, "description": "the next of the previous page"},

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from tidal.client import Client, InvalidParams
-from tidal.protocol import ErrorCode
+from tidal.protocol import ErrorCode, error_data
 from tidal.server import Server
 
 from .rawrpc import RawPeer
@@ -29,8 +29,8 @@ async def expect_error(peer: RawPeer, code: int, fragment: str, method: Any, *pa
     assert reply is not None, "the server closed the connection instead of answering"
     kind, msgid, error, result = reply
     assert (kind, msgid, result) == (1, 1, None)
-    assert isinstance(error, list) and len(error) == 2, error
-    assert error[0] == code, error
+    assert isinstance(error, list) and len(error) == 3, error
+    assert error[0] == code and error[2] == error_data(code, error[1]), error
     assert fragment in error[1], error
 
 

@@ -11,7 +11,9 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -189,6 +191,60 @@ def test_a_bad_environment_value_names_the_variable(
     done = tidal("serve", "--db", str(tmp_path / "t.db"), env={variable: value})
     refused(done, says)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["serve", "--port", "abc"], "argument --port: port must be an integer, got 'abc'"),
+        (["serve", "--durability", "sometimes"], "argument --durability: invalid choice"),
+        (["top", "ledger", "view", "--window", "2h"], "argument --window: invalid choice"),
+        (["stats", "-p", "http"], "argument -p/--port: port must be an integer"),
+    ],
+)
+def test_a_bad_flag_gets_one_line_naming_it(tmp_path: Path, argv: list[str], says: str) -> None:
+    """As a bad environment value does: not thirty lines of usage before the one that matters."""
+    done = tidal(*argv, "--db", str(tmp_path / "t.db")) if argv[0] == "serve" else tidal(*argv)
+    refused(done, says, "--help")
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_stats_and_status_print_json_and_p_is_the_port(process: ServerProcess) -> None:
+    await process.start()
+    done = await asyncio.to_thread(tidal, "call", "-p", str(process.port), "leave", "5")
+    assert done.returncode == 0, done.stderr
+    done = await asyncio.to_thread(tidal, "stats", "-p", str(process.port), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["users_left"] == 1, done.stderr
+    done = await asyncio.to_thread(tidal, "status", "5", "-p", str(process.port), "--json")
+    status = json.loads(done.stdout)
+    assert (status["user_id"], status["status"]) == (5, "left") and status["left_at_ns"] > 2**53
+
+
+async def test_ctrl_c_during_bench_prints_what_it_measured(process: ServerProcess) -> None:
+    await process.start()
+    bench = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tidal.cli", "bench", "-p", str(process.port), "-c", "2",
+        "-n", "1000000", "--keep",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with await process.connect() as c:  # under way: the server has counted signals
+            for _ in range(3000):  # polled: a minute at most
+                if (await c.stats())["signals"] >= 1000:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("tidal bench sent no 1,000 signals in a minute")
+        bench.send_signal(signal.SIGINT)
+        out, err = (b.decode() for b in await asyncio.wait_for(bench.communicate(), 60))
+    finally:
+        if bench.returncode is None:
+            bench.kill()
+    assert bench.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert "interrupted (Ctrl-C)" in out and "requests/s" in out, out
+    answered = re.search(r"the (\d+) requests answered", out)
+    assert answered is not None and 1000 <= int(answered[1]) < 1_000_000, out
 
 
 async def test_environment_choices_ignore_case(db_path: Path) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from tidal.client import Client, Counts, Membership
-from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError
+from tidal.protocol import NEED_DATA, Connection, RemoteProtocolError, error_data
 from tidal.testing.postgres import Cluster
 
 from .conftest import BACKENDS, BlockingServer, Database, ServerProcess
@@ -493,7 +493,8 @@ def test_any_request_gets_exactly_one_well_formed_reply(
     kind, _, error, result = by_id[77]
     assert kind == 1
     if error is not None:
-        assert type(error) is list and len(error) == 2
+        assert type(error) is list and len(error) == 3
         assert type(error[0]) is int and type(error[1]) is str and error[1]
+        assert error[2] == error_data(error[0], error[1])
         assert result is None
     assert by_id[78][3] == "pong"

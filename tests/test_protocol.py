@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tracemalloc
+from typing import Any
 
 import msgpack
 import pytest
@@ -18,8 +19,10 @@ from tidal.protocol import (
     RemoteProtocolError,
     Request,
     Response,
+    error_data,
     notification_head,
 )
+from tidal.server.engine.health import Booting, Standby
 
 
 def events(conn: Connection, data: bytes) -> list[object]:
@@ -279,3 +282,31 @@ def test_send_refuses_what_msgpack_cannot_encode() -> None:
         conn.send(Request(1, "leave", [object()]))
     # the packer is still usable afterwards
     assert events(Connection(), conn.send(Request(2, "ping", []))) == [Request(2, "ping", [])]
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "data"),
+    [
+        (2, Booting.STARTING_MESSAGE, {"kind": "starting"}),
+        (2, Standby("postgresql://db").refusal(), {"kind": "standby"}),
+        (2, "retry: another node changed the cohorts after this request's signals were"
+            " matched, several times; nothing of it was applied", {"kind": "retry"}),
+        (2, "full: this write would create aggregates past --memory-budget", {"kind": "full"}),
+        (2, "stopping: this node is shutting down", {"kind": "stopping"}),
+        (2, "storage unavailable: database is locked; nothing was saved", {"kind": "unavailable"}),
+        (4, "moved: user 42 is in partition 204, served by 10.0.0.2:7411",
+            {"owner": "10.0.0.2:7411", "user_id": 42, "partition": 204}),
+        (4, "moved: user 7 is in partition 3, served by unknown",
+            {"owner": None, "user_id": 7, "partition": 3}),
+        (4, "moved: partitions {3} lost while this request was being committed; nothing of it"
+            " was saved; served by unknown", {"owner": None}),
+        (-32602, "options.from: the events after 5 are no longer kept (kept); the oldest kept"
+                 " is 812: rebuild from the current state", {"oldest": 812}),
+        (-32602, "user_id: must be an integer in 0..2**64-1, got int -1", {}),
+        (1, "unauthorized: wrong token", {}),
+    ],
+)  # fmt: skip
+def test_an_error_s_data_says_what_its_message_says(code: int, message: str, data: Any) -> None:
+    """The third element of ``[code, message, data]``: what a client in any language reads
+    instead of the message (PROTOCOL.md), for each form of message tidal writes."""
+    assert error_data(code, message) == data

@@ -319,6 +319,10 @@ async def test_event_times_are_checked(client: Client) -> None:
     await client.signal(1, "e", "view", at_ns=time.time_ns() + MIN)  # a clock a bit ahead
     with pytest.raises(InvalidParams, match=r"page\.window: must be one of"):
         await client.counts("e", window="1y")
+    # 1d is 24h, wherever a window is taken
+    assert await client.counts("e", window="1d") == await client.counts("e", window="24h")
+    day = await client.top("ledger", None, "view", window="1d")
+    assert day.entities == (await client.top("ledger", None, "view", window="24h")).entities
 
 
 def tidal_top(port: int, *args: str) -> subprocess.CompletedProcess[str]:
@@ -348,6 +352,14 @@ async def test_tidal_top_prints_a_table_and_json(process: ServerProcess) -> None
     done = await asyncio.to_thread(tidal_top, process.port, *args)
     reply = json.loads(done.stdout)
     assert [e["entity"] for e in reply["entities"]] == ["song-a"] and reply["next"]
+    # the next page, from the cursor --json printed
+    done = await asyncio.to_thread(tidal_top, process.port, *args, "--after", reply["next"])
+    assert [e["entity"] for e in json.loads(done.stdout)["entities"]] == ["song-b"], done.stderr
+    done = await asyncio.to_thread(tidal_top, process.port, "ledger", "view", "--window", "1d")
+    assert done.stdout.splitlines()[1].split() == ["1", "song-a", "3", "3", "3"], done.stderr
+    done = await asyncio.to_thread(tidal_top, process.port, "community", "nojazz", "view")
+    assert done.returncode == 0
+    assert "nothing counted in community 'nojazz' under kind 'view'" in done.stdout
     done = await asyncio.to_thread(tidal_top, process.port, "cohort", "nope", "view")
     assert done.returncode == 1 and "no cohort named 'nope'" in done.stderr
     done = await asyncio.to_thread(tidal_top, process.port, "ledger", "x", "view")

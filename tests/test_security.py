@@ -54,7 +54,7 @@ async def test_three_failures_close_the_connection(guarded: Server) -> None:
     peer = await RawPeer.open(guarded.address)
     for msgid, token in enumerate(["wrong", "also wrong"]):
         reply = await peer.call("auth", token, msgid=msgid)
-        assert reply[2] == [ErrorCode.UNAUTHORIZED, "unauthorized: wrong token"]
+        assert reply[2] == [ErrorCode.UNAUTHORIZED, "unauthorized: wrong token", {}]
     reply = await peer.call("ping", msgid=3)
     assert reply[2][0] == ErrorCode.UNAUTHORIZED
     assert await peer.closed()
@@ -116,7 +116,8 @@ async def test_connections_past_the_limit_are_told_and_closed(db_path: Path) -> 
     try:
         clients = [await Client.connect(*server.address) for _ in range(3)]
         extra = await RawPeer.open(server.address)
-        assert await extra.receive() == [2, "error", [2, "too many connections; try again later"]]
+        note = [2, "too many connections; try again later", {"kind": "unavailable"}]
+        assert await extra.receive() == [2, "error", note]
         assert await extra.closed()
         extra.close()
         for c in clients:

@@ -13,6 +13,7 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
+from tidal.protocol.schemas import WINDOW_ALIASES
 from tidal.server.errors import InvalidParams
 
 from . import counts, params, windows
@@ -173,10 +174,12 @@ def window_option(value: object) -> int:
 
 
 def _window(value: object, where: str) -> int:
+    if type(value) is str:
+        value = WINDOW_ALIASES.get(value, value)
     if type(value) is not str or value not in windows.WINDOW_NAMES:
+        names = [*windows.WINDOW_NAMES, *WINDOW_ALIASES]
         raise InvalidParams(
-            f"{where}: must be one of {', '.join(map(repr, windows.WINDOW_NAMES))},"
-            f" got {_shown(value)}"
+            f"{where}: must be one of {', '.join(map(repr, names))}, got {_shown(value)}"
         )
     return windows.window_index(value)
 

@@ -22,6 +22,7 @@ from tidal.protocol import (
     Notification,
     RemoteProtocolError,
     Request,
+    error_data,
 )
 from tidal.server.config import Config
 from tidal.server.core.replies import Listener
@@ -83,7 +84,8 @@ class ServerConnection(asyncio.Protocol):
         if len(self._connections) >= self._config.max_connections:
             log.warning("refusing %s: %d connections open", self.peer, len(self._connections))
             self.closed = True
-            note = [int(ErrorCode.UNAVAILABLE), "too many connections; try again later"]
+            busy = "too many connections; try again later"
+            note = [int(ErrorCode.UNAVAILABLE), busy, error_data(ErrorCode.UNAVAILABLE, busy)]
             self.transport.write(self.conn.send(Notification("error", note)))
             self.transport.close()
             return
@@ -250,7 +252,9 @@ class ServerConnection(asyncio.Protocol):
             self._observe(msgid)
             self._metrics.error(int(code))
         if not self.closed:
-            self._out.append([RESPONSE, msgid, [int(code), message], None])
+            self._out.append(
+                [RESPONSE, msgid, [int(code), message, error_data(code, message)], None]
+            )
 
     def reading(self, started: bool) -> None:
         """A large read began (True) or was answered (False): only a few may wait at once."""

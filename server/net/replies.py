@@ -30,12 +30,12 @@ def _each(conn: Connection, replies: list[list[Any]]) -> bytes:
             part = conn.send_responses([reply])
         except LocalProtocolError:
             log.exception("cannot encode the reply to %d", reply[1])
-            error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded"]
+            error = [int(ErrorCode.INTERNAL_ERROR), "the result could not be encoded", {}]
             part = conn.send_responses([[RESPONSE, reply[1], error, None]])
         if len(part) > limit:
             log.error("the reply to %d is %d bytes, over the limit", reply[1], len(part))
             message = f"the result is {len(part)} bytes, over the message limit of {limit}"
-            error = [int(ErrorCode.TOO_LARGE), message]
+            error = [int(ErrorCode.TOO_LARGE), message, {}]
             part = conn.send_responses([[RESPONSE, reply[1], error, None]])
         parts.append(part)
     return b"".join(parts)
