@@ -11,8 +11,7 @@ import asyncio
 import enum
 import functools
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from types import TracebackType
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from . import requests
@@ -23,21 +22,12 @@ from .errors import (
     ConnectionLost,
     Unavailable,
 )
+from .faces import AsyncFace, Commands
 from .feed import Cursor
+from .plans import Options
 from .requests import Call
 from .subscription import DEAD_AFTER, Subscription
 from .transport import ClientProtocol, moved, open_any, request
-from .types import (
-    Counts,
-    Event,
-    LeftUsers,
-    Membership,
-    Scalar,
-    Signal,
-    SignalAck,
-    Top,
-    Withdrawn,
-)
 
 DEFAULT_TIMEOUT = 30.0
 #: After a dropped connection: this many tries, waiting 0.05 s, then twice as long each time.
@@ -54,7 +44,7 @@ class _Default(enum.Enum):
 DEFAULT: Final = _Default.TIMEOUT  # "the client's timeout", distinct from None (no timeout)
 
 
-class Client:
+class Client(AsyncFace, Commands):
     """``async with await Client.connect(host, port) as client: await client.leave(42)``
 
     After a dropped connection, the next call reconnects (with backoff). Calls in
@@ -74,7 +64,7 @@ class Client:
         self._protocol = protocol
         self._dial = dial
         self._timeout = timeout
-        self._auto_keys = auto_keys
+        self.options = Options(auto_keys)
         self._reconnect_attempts = reconnect
         self._closed = False
         self._reconnecting = asyncio.Lock()
@@ -105,17 +95,6 @@ class Client:
         """
         dial = functools.partial(open_any, Addresses(host, port), timeout, token, ssl)
         return cls(await dial(), dial, timeout, auto_keys, reconnect)
-
-    async def __aenter__(self) -> Client:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     @property
     def is_closed(self) -> bool:
@@ -188,113 +167,6 @@ class Client:
                 if delay:
                     await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
 
-    # -- one method per RPC ----------------------------------------------
-
-    async def ping(self) -> str:
-        result: str = await self._send(requests.read("ping"))
-        return result
-
-    async def signal(
-        self,
-        user_id: int,
-        entity: str,
-        kind: str,
-        weight: float = 1.0,
-        *,
-        communities: Iterable[str] | None = None,
-        attrs: Mapping[str, Scalar] | None = None,
-        key: str | None = None,
-        at_ns: int | None = None,
-    ) -> SignalAck:
-        """``key`` (1..64 bytes) makes the signal idempotent: a repeat within the
-        server's window gets the first acknowledgement and is counted once."""
-        key = requests.key_for(key, self._auto_keys)
-        call = requests.signal(user_id, entity, kind, weight, communities, attrs, key, at_ns)
-        return SignalAck.from_wire(await self._send(call))
-
-    async def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
-        call = requests.signal_batch(signals, self._auto_keys)
-        return SignalAck.from_compact(await self._send(call), len(call.params[0]))
-
-    async def leave(self, user_id: int, *, purge: bool = False) -> Membership:
-        """With ``purge``, the user's past leaves the cohorts and communities in the same
-        step: no read sees them Left with it still counted (``purge`` says how much went)."""
-        return Membership.from_wire(await self._send(requests.leave(user_id, purge)))
-
-    async def rejoin(self, user_id: int) -> Membership:
-        return Membership.from_wire(await self._send(requests.of_user("rejoin", user_id)))
-
-    async def purge(self, user_id: int) -> Withdrawn:
-        """Withdraw the user's signals so far from every cohort and community (the ledger
-        keeps counting them); their status does not change."""
-        return Withdrawn.from_wire(await self._send(requests.of_user("purge", user_id)))
-
-    async def erase(self, user_id: int) -> Withdrawn:
-        """Delete the user's ledger rows and all they added, forget their idempotency
-        keys, and leave them Left, so that a stale client's later signals are gated."""
-        return Withdrawn.from_wire(await self._send(requests.of_user("erase", user_id)))
-
-    async def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
-        """The user's leaves, rejoins, purges and erasures after ``after_ns``, oldest first."""
-        lines = await self._send(requests.history(user_id, limit, after_ns))
-        return [Event.from_wire(line) for line in lines]
-
-    async def left_users(self, after: int | None = None, limit: int = 1000) -> LeftUsers:
-        """One page of Left users in user_id order, past ``after``."""
-        return LeftUsers.from_wire(await self._send(requests.left_users(after, limit)))
-
-    async def status(self, user_id: int) -> Membership:
-        return Membership.from_wire(await self._send(requests.status(user_id)))
-
-    async def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
-        return bool(await self._send(Call("define_cohort", [name, predicate])))
-
-    async def drop_cohort(self, name: str) -> bool:
-        return bool(await self._send(Call("drop_cohort", [name])))
-
-    async def cohorts(self) -> dict[str, dict[str, Any]]:
-        """Every cohort, read in pages that each fit a message."""
-        return await self._pages("cohorts", None, requests.read("cohorts", {}))
-
-    async def counts(self, entity: str, window: str | None = None) -> Counts:
-        """An entity's aggregates, all of them: a busy entity's are read in pages. With
-        ``window`` ("1h", "24h", "7d", "30d"), only signals whose event time is in it."""
-        page = None if window is None else {"window": window}
-        return Counts.from_wire(
-            await self._pages("counts", entity, requests.counts(entity, window), page)
-        )
-
-    async def top(
-        self,
-        layer: str,
-        name: str | None,
-        kind: str,
-        *,
-        by: str = "count",
-        window: str | None = None,
-        half_life: str | None = None,
-        limit: int = 10,
-        after: bytes | None = None,
-    ) -> Top:
-        """The ``limit`` entities with the highest score in one layer ("ledger",
-        "cohort", "community"; ``name`` the cohort's or community's, None for the
-        ledger): by "count", "weight" or "trend" (decayed by ``half_life``). More than
-        one page's worth is read a page at a time; ``after`` reads on from a ``next``."""
-        options = {"by": by, "window": window, "half_life": half_life, "after": after}
-        pages = requests.TopPages(layer, name, kind, options, limit)
-        call: Call | None = pages.call()
-        while call is not None:
-            call = pages.took(await self._send(call))
-        return Top.from_wire(pages.entities, pages.next, pages.as_of_ns)
-
-    async def _pages(
-        self, method: str, first: Any, call: Call | None, page: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        into: dict[str, Any] = {}
-        while call is not None:
-            call = requests.next_page(method, first, await self._send(call), into, page)
-        return into
-
     def subscribe(
         self,
         from_id: int | None = None,
@@ -315,12 +187,3 @@ class Client:
             first_delay=RECONNECT_FIRST_DELAY,
             dead_after=dead_after,
         )
-
-    async def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self._send(requests.read("stats"))
-        return result
-
-    async def health(self) -> dict[str, Any]:
-        """``{"status": "ok" | "starting" | "failing", "storage": ..., "error"?: ...}``"""
-        result: dict[str, Any] = await self._send(requests.read("health"))
-        return result

@@ -14,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import ConnectionLost, TidalError
-from .routing import Router, address
-from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top, Withdrawn
+from .faces import AsyncFace, Commands
+from .plans import Options
+from .requests import Call
+from .routing import Router, address, route
+from .types import SignalAck
 
 T = TypeVar("T")
 #: a node's client tries to reconnect once: a node gone is left for the map's next owner
@@ -41,10 +44,21 @@ class PartlyApplied(TidalError):
         self.error = error
 
 
-class ClusterClient:
+def whole(acks: list[SignalAck | None], failed: list[BaseException]) -> list[SignalAck]:
+    """A split batch's acknowledgements, once every part is done: all of them, or the
+    first failure (``PartlyApplied`` if another part was acknowledged)."""
+    if failed:
+        if all(ack is None for ack in acks):
+            raise failed[0]
+        raise PartlyApplied(acks, failed[0])
+    return [ack for ack in acks if ack is not None]
+
+
+class ClusterClient(AsyncFace, Commands):
     """``async with await ClusterClient.connect("h1:7411,h2:7411") as c: await c.leave(42)``"""
 
     def __init__(self, first: Client, router: Router, options: dict[str, Any]) -> None:
+        self.options = Options(options["auto_keys"])
         self._any = first
         self.router = router
         self._options = options
@@ -74,12 +88,6 @@ class ClusterClient:
             await first.close()
             raise
         return cls(first, router, options)
-
-    async def __aenter__(self) -> ClusterClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def close(self) -> None:
         await asyncio.gather(self._any.close(), *(c.close() for c in self._nodes.values()))
@@ -144,53 +152,43 @@ class ClusterClient:
             with contextlib.suppress(TidalError, OSError):
                 await self.refresh()
 
-    # -- one user's requests: to its node -----------------------------------
+    # -- each call: to the node of its user, or to any node -----------------
 
-    async def signal(
-        self, user_id: int, entity: str, kind: str, weight: float = 1.0, **options: Any
-    ) -> SignalAck:
-        return await self.routed(
-            user_id, lambda c: c.signal(user_id, entity, kind, weight, **options)
-        )
+    async def _send(self, call: Call) -> Any:
+        """``call`` where the method table routes it (``protocol.methods``)."""
+        if call.method == "signal_batch":
+            return await self._batch(call)
+        if route(call.method) == "user":
+            user_id: int = call.params[0]
+            return await self.routed(user_id, lambda c: c._send(call))
+        return await self._any._send(call)
 
-    async def leave(self, user_id: int, *, purge: bool = False) -> Membership:
-        return await self.routed(user_id, lambda c: c.leave(user_id, purge=purge))
+    async def call(self, method: str, *params: Any) -> Any:
+        """One request as given, where the method table routes it; the raw result."""
+        return await self._send(Call(method, list(params)))
 
-    async def rejoin(self, user_id: int) -> Membership:
-        return await self.routed(user_id, lambda c: c.rejoin(user_id))
-
-    async def status(self, user_id: int) -> Membership:
-        return await self.routed(user_id, lambda c: c.status(user_id))
-
-    async def purge(self, user_id: int) -> Withdrawn:
-        return await self.routed(user_id, lambda c: c.purge(user_id))
-
-    async def erase(self, user_id: int) -> Withdrawn:
-        return await self.routed(user_id, lambda c: c.erase(user_id))
-
-    async def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
-        return await self.routed(user_id, lambda c: c.history(user_id, limit, after_ns))
-
-    async def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
-        """Split by node; each part one durable unit. ``PartlyApplied`` if a part failed
-        after another was acknowledged."""
-        items = list(signals)
+    async def _batch(self, call: Call) -> list[SignalAck]:
+        """Split by node, side by side; each part one durable unit. ``PartlyApplied`` if a
+        part failed after another was acknowledged."""
+        items, options = call.params
         acks: list[SignalAck | None] = [None] * len(items)
-        groups = self.router.split([s.user_id for s in items])
 
         async def part(indexes: list[int]) -> None:
             attempt = 0
             while True:
-                split = self.router.split([items[i].user_id for i in indexes])
+                split = self.router.split([items[i][0] for i in indexes])
                 if len(split) > 1:  # the map changed since: one part per node again
                     await _all([part([indexes[j] for j in ix]) for ix in split.values()])
                     return
-                owner = self.router.owner(items[indexes[0]].user_id)
+                owner = self.router.owner(items[indexes[0]][0])
                 sent = False
                 try:
                     client = await self.node(owner)
                     sent = True
-                    acked = await client.signal_batch([items[i] for i in indexes])
+                    one = Call(
+                        "signal_batch", [[items[i] for i in indexes], options], call.repeatable
+                    )
+                    acked = SignalAck.from_compact(await client._send(one), len(indexes))
                 except (TidalError, OSError) as exc:
                     if not await self._next(exc, None, attempt, owner, sent):
                         raise
@@ -200,48 +198,11 @@ class ClusterClient:
                     acks[i] = ack
                 return
 
+        groups = self.router.split([item[0] for item in items])
         results = await asyncio.gather(
             *(part(ix) for ix in groups.values()), return_exceptions=True
         )
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            if all(ack is None for ack in acks):
-                raise failed[0]
-            raise PartlyApplied(acks, failed[0])
-        return [ack for ack in acks if ack is not None]
-
-    # -- the rest: any node ----------------------------------------------------
-
-    async def call(self, method: str, *params: Any) -> Any:
-        return await self._any.call(method, *params)
-
-    async def partition_map(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self._any.call("partition_map")
-        return result
-
-    async def counts(self, entity: str, window: str | None = None) -> Counts:
-        return await self._any.counts(entity, window)
-
-    async def top(self, layer: str, name: str | None, kind: str, **options: Any) -> Top:
-        return await self._any.top(layer, name, kind, **options)
-
-    async def cohorts(self) -> dict[str, dict[str, Any]]:
-        return await self._any.cohorts()
-
-    async def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
-        return await self._any.define_cohort(name, predicate)
-
-    async def drop_cohort(self, name: str) -> bool:
-        return await self._any.drop_cohort(name)
-
-    async def left_users(self, after: int | None = None, limit: int = 1000) -> LeftUsers:
-        return await self._any.left_users(after, limit)
-
-    async def health(self) -> dict[str, Any]:
-        return await self._any.health()
-
-    async def stats(self) -> dict[str, Any]:
-        return await self._any.stats()
+        return whole(acks, [r for r in results if isinstance(r, BaseException)])
 
 
 async def _all(parts: Sequence[Awaitable[None]]) -> None:

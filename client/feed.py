@@ -9,15 +9,27 @@ an error, never a silent skip.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
 
 from tidal.protocol import Notification
 from tidal.protocol.limits import FEED_EVENTS
 
-from .errors import ConnectionLost, FeedGap, InvalidArgument, InvalidParams, closed_by_server
+from .errors import (
+    CallTimeout,
+    ConnectFailed,
+    ConnectionLost,
+    FeedGap,
+    InvalidArgument,
+    InvalidParams,
+    Unavailable,
+    closed_by_server,
+)
 from .types import FeedEvent
+
+log = logging.getLogger("tidal.client")
 
 
 class Behind(ConnectionLost):
@@ -88,3 +100,72 @@ class Cursor:
             if event is not None:
                 return event
         return None
+
+
+#: ``Following.ready``: the subscription was closed, the iteration ends
+CLOSED: Final = object()
+#: heartbeats come every 5 s by default: this long without one, the link is taken for dead
+DEAD_AFTER = 30.0
+
+
+class Following:
+    """What the asyncio and the blocking subscriptions share: where the feed stands, what
+    has arrived, when to try again, and what a failed ``subscribe`` means. Each adds only
+    how it waits and how it sends (its transport)."""
+
+    def __init__(self, cursor: Cursor, *, timeout: float | None, reconnect: int,
+                 first_delay: float, dead_after: float | None) -> None:  # fmt: skip
+        self._cursor = cursor
+        self._timeout = timeout
+        self._attempts = reconnect
+        self._first_delay = first_delay
+        self._dead_after = dead_after
+        self._inbox: deque[Notification] = deque()
+        self._closed = False
+
+    @property
+    def last_id(self) -> int | None:
+        """The id of the last event yielded (before the first: where it starts after)."""
+        return self._cursor.last
+
+    def _drop(self) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> FeedEvent | object | None:
+        """The next event that has arrived, ``CLOSED``, or None: wait for more, or
+        (re)subscribe. A close for lagging drops the link: it resumes where it is."""
+        try:
+            event = self._cursor.next_in(self._inbox)
+        except ConnectionLost as exc:  # lagging, or closed: resume where we are
+            log.info("change feed: %s; resuming after event %s", exc, self.last_id)
+            self._drop()
+        else:
+            if event is not None:
+                return event
+        return CLOSED if self._closed else None
+
+    def silent(self) -> None:
+        """Nothing came for ``dead_after`` seconds, not even a heartbeat: the link is dead."""
+        log.warning("change feed: nothing for %ss, not even a heartbeat", self._dead_after)
+        self._drop()
+
+    def delays(self) -> Iterator[float]:
+        """Before each try to subscribe: 0, then the first delay, doubling."""
+        delay = self._first_delay
+        for attempt in range(self._attempts + 1):
+            yield delay if attempt else 0.0
+            if attempt:
+                delay *= 2
+
+    def failed(self, exc: BaseException) -> BaseException | None:
+        """A try to subscribe failed with ``exc``: what to raise (a gap this cannot fill,
+        or no passing failure), or None to try again (a restart, a boot, a lost link)."""
+        if isinstance(exc, InvalidParams):
+            return self._cursor.refused(exc)
+        if isinstance(exc, (OSError, ConnectionLost, CallTimeout, Unavailable)):
+            return None
+        return exc
+
+    @staticmethod
+    def gave_up(failure: BaseException | None) -> ConnectFailed:
+        return ConnectFailed(f"the change feed could not resubscribe: {failure}")

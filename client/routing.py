@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
+from tidal.protocol.methods import BY_NAME, Route
 from tidal.protocol.partitions import HASH, partition
 
 from .errors import ConnectFailed, ConnectionLost, InvalidArgument, Moved, Unavailable
@@ -18,6 +19,13 @@ from .errors import ConnectFailed, ConnectionLost, InvalidArgument, Moved, Unava
 MOVES: Final = 8
 #: seconds between tries while a partition is between owners, times the try's number
 BETWEEN_OWNERS: Final = 0.1
+
+
+def route(method: str) -> Route:
+    """How cluster mode routes ``method`` (the method table's word; ``any`` for a method
+    it does not declare, which any node refuses alike)."""
+    known = BY_NAME.get(method)
+    return "any" if known is None else known.route
 
 
 class Step(NamedTuple):

@@ -9,22 +9,24 @@ import contextlib
 import ssl as ssl_module
 import threading
 import time
-from collections.abc import Callable, Iterable
-from types import TracebackType
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT
-from .cluster import NODE_RECONNECTS, PartlyApplied
+from .cluster import NODE_RECONNECTS, whole
 from .errors import ConnectionLost, TidalError
-from .routing import Router, address
+from .faces import Commands, SyncFace
+from .plans import Options
+from .requests import Call
+from .routing import Router, address, route
 from .sync import SyncClient
-from .types import Counts, Event, LeftUsers, Membership, Signal, SignalAck, Top, Withdrawn
+from .types import SignalAck
 
 T = TypeVar("T")
 
 
-class SyncClusterClient:
+class SyncClusterClient(SyncFace, Commands):
     """``with SyncClusterClient("h1:7411,h2:7411") as tidal: tidal.leave(42)``"""
 
     def __init__(
@@ -40,6 +42,7 @@ class SyncClusterClient:
         self._options: dict[str, Any] = {
             "timeout": timeout, "token": token, "ssl": ssl, "auto_keys": auto_keys,
         }  # fmt: skip
+        self.options = Options(auto_keys)
         self._any = SyncClient(host, port, **self._options)
         self._nodes: dict[str, SyncClient] = {}
         self._lock = threading.Lock()
@@ -48,17 +51,6 @@ class SyncClusterClient:
         except BaseException:
             self._any.close()
             raise
-
-    def __enter__(self) -> SyncClusterClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         for client in [self._any, *self._nodes.values()]:
@@ -115,82 +107,45 @@ class SyncClusterClient:
             with contextlib.suppress(TidalError, OSError):  # the next call tries again
                 self.refresh()
 
-    # -- one user's requests: to its node -----------------------------------
+    # -- each call: to the node of its user, or to any node -----------------
 
-    def signal(
-        self, user_id: int, entity: str, kind: str, weight: float = 1.0, **options: Any
-    ) -> SignalAck:
-        return self.routed(user_id, lambda c: c.signal(user_id, entity, kind, weight, **options))
+    def _send(self, call: Call) -> Any:
+        """``call`` where the method table routes it (``protocol.methods``)."""
+        if call.method == "signal_batch":
+            return self._batch(call)
+        if route(call.method) == "user":
+            user_id: int = call.params[0]
+            return self.routed(user_id, lambda c: c._send(call))
+        return self._any._send(call)
 
-    def leave(self, user_id: int, *, purge: bool = False) -> Membership:
-        return self.routed(user_id, lambda c: c.leave(user_id, purge=purge))
+    def call(self, method: str, *params: Any) -> Any:
+        """One request as given, where the method table routes it; the raw result."""
+        return self._send(Call(method, list(params)))
 
-    def rejoin(self, user_id: int) -> Membership:
-        return self.routed(user_id, lambda c: c.rejoin(user_id))
-
-    def status(self, user_id: int) -> Membership:
-        return self.routed(user_id, lambda c: c.status(user_id))
-
-    def purge(self, user_id: int) -> Withdrawn:
-        return self.routed(user_id, lambda c: c.purge(user_id))
-
-    def erase(self, user_id: int) -> Withdrawn:
-        return self.routed(user_id, lambda c: c.erase(user_id))
-
-    def history(self, user_id: int, limit: int = 100, after_ns: int = 0) -> list[Event]:
-        return self.routed(user_id, lambda c: c.history(user_id, limit, after_ns))
-
-    def signal_batch(self, signals: Iterable[Signal]) -> list[SignalAck]:
+    def _batch(self, call: Call) -> list[SignalAck]:
         """One ``signal_batch`` per node, one after another; ``PartlyApplied`` if a part
         failed after another was acknowledged."""
-        items = list(signals)
+        items, options = call.params
         acks: list[SignalAck | None] = [None] * len(items)
-        pending = [(ix, 0) for ix in self.router.split([s.user_id for s in items]).values()]
+        pending = [(ix, 0) for ix in self.router.split([item[0] for item in items]).values()]
         while pending:
             indexes, attempt = pending.pop()
-            split = self.router.split([items[i].user_id for i in indexes])
+            split = self.router.split([items[i][0] for i in indexes])
             if len(split) > 1:  # the map changed since: one part per node again
                 pending += [([indexes[j] for j in ix], attempt) for ix in split.values()]
                 continue
-            owner = self.router.owner(items[indexes[0]].user_id)
+            owner = self.router.owner(items[indexes[0]][0])
             sent = False
             try:
                 client = self.node(owner)
                 sent = True
-                acked = client.signal_batch([items[i] for i in indexes])
+                one = Call("signal_batch", [[items[i] for i in indexes], options], call.repeatable)
+                acked = SignalAck.from_compact(client._send(one), len(indexes))
             except (TidalError, OSError) as exc:
                 if self._next(exc, None, attempt, owner, sent):
                     pending.append((indexes, attempt + 1))
                     continue
-                if all(ack is None for ack in acks):
-                    raise
-                raise PartlyApplied(acks, exc) from exc
+                return whole(acks, [exc])
             for i, ack in zip(indexes, acked, strict=True):
                 acks[i] = ack
-        return [ack for ack in acks if ack is not None]
-
-    # -- the rest: any node --------------------------------------------------
-
-    def call(self, method: str, *params: Any) -> Any:
-        return self._any.call(method, *params)
-
-    def counts(self, entity: str, window: str | None = None) -> Counts:
-        return self._any.counts(entity, window)
-
-    def top(self, layer: str, name: str | None, kind: str, **options: Any) -> Top:
-        return self._any.top(layer, name, kind, **options)
-
-    def cohorts(self) -> dict[str, dict[str, Any]]:
-        return self._any.cohorts()
-
-    def define_cohort(self, name: str, predicate: dict[str, Any]) -> bool:
-        return self._any.define_cohort(name, predicate)
-
-    def drop_cohort(self, name: str) -> bool:
-        return self._any.drop_cohort(name)
-
-    def left_users(self, after: int | None = None, limit: int = 1000) -> LeftUsers:
-        return self._any.left_users(after, limit)
-
-    def health(self) -> dict[str, Any]:
-        return self._any.health()
+        return whole(acks, [])

@@ -284,7 +284,7 @@ BAD_TOP = [
     (["community", "x", "view", {"limit": 1001}], "options.limit"),
     (["community", "x", "view", {"after": b"junk"}], "options.after: must be the 'next'"),
     (["community", "x", "view", {"after": "text"}], "options.after"),
-    (["community", "x", "view", {"colour": 1}], "options: unknown option 'colour'"),
+    (["community", "x", "view", {"colour": 1}], "options: unknown key 'colour'"),
     (["community", "x", "view", []], "options: must be a map"),
 ]
 

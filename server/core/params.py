@@ -169,31 +169,41 @@ def _flag(value: object, where: str) -> bool:
     return value
 
 
-def option(value: object, name: str, read: Callable[[object, str], T], default: T) -> T:
-    """An options map that takes one key, ``name``: its value as ``read`` takes it."""
+def options(value: object, where: str, method: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A map of named options (``where``: ``options``, ``page``): the keys it holds, checked
+    here for shape and by ``method`` for meaning. nil is the empty map. Every options map
+    of every method is read by this one rule."""
     if value is None:
-        return default
+        return {}
     if type(value) is not dict:
-        raise InvalidParams(f"options: must be a map, got {describe(value)}")
-    result = default
+        raise InvalidParams(f"{where}: must be a map, got {describe(value)}")
+    out: dict[str, Any] = {}
     for raw_key, item in value.items():
         key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
-        if key != name:
-            raise InvalidParams(f"options: unknown key {key!r}; the only key is {name!r}")
-        result = read(item, f"options.{name}")
-    return result
+        if type(key) is not str or key not in keys:
+            shown = repr(key) if type(key) is str else describe(key)
+            takes = (
+                f"the only key is {keys[0]!r}" if len(keys) == 1
+                else f"{method} takes {', '.join(map(repr, keys))}"
+            )  # fmt: skip
+            raise InvalidParams(f"{where}: unknown key {shown}; {takes}")
+        out[key] = item
+    return out
+
+
+def option(value: object, name: str, read: Callable[[object, str], T], default: T) -> T:
+    """An options map that takes one key, ``name``: its value as ``read`` takes it."""
+    given = options(value, "options", "", (name,))
+    return read(given[name], f"options.{name}") if name in given else default
 
 
 def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]:
     """``subscribe``'s options: ``from`` (replay the events after this id first) and
     ``events`` (the names to receive; all by default)."""
     where = "options"
-    if type(value) is not dict:
-        raise InvalidParams(f"{where}: must be a map, got {describe(value)}")
     after: int | None = None
     names: frozenset[str] | None = None
-    for raw_key, item in value.items():
-        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
+    for key, item in options(value, where, "subscribe", ("from", "events")).items():
         if key == "from":
             if type(item) is not int or not 0 <= item <= 2**63 - 1:
                 raise InvalidParams(
@@ -216,10 +226,6 @@ def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]
                         f" {', '.join(FEED_EVENTS)}"
                     )
             names = frozenset(listed)
-        else:
-            raise InvalidParams(
-                f"{where}: unknown key {key!r}; subscribe takes 'from' and 'events'"
-            )
     return after, names
 
 
@@ -230,21 +236,10 @@ Cursor: TypeAlias = tuple[int, int | str, str]
 def page(value: object, method: str, keys: tuple[str, ...], most: int) -> dict[str, Any]:
     """A page request ``{"after": ..., "limit": n}``: the keys it holds, checked for shape
     here and for meaning by the method."""
-    where = "page"
-    if value is None:
-        return {}
-    if type(value) is not dict:
-        raise InvalidParams(f"{where}: must be a map with {' and/or '.join(map(repr, keys))}")
-    out: dict[str, Any] = {}
-    for raw_key, item in value.items():
-        key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
-        if key not in keys:
-            raise InvalidParams(
-                f"{where}: unknown key {key!r}; {method} takes {' and '.join(map(repr, keys))}"
-            )
-        if key == "limit" and (type(item) is not int or not 1 <= item <= most):
-            raise InvalidParams(f"{where}.limit: must be an integer in 1..{most}")
-        out[key] = item
+    out = options(value, "page", method, keys)
+    limit = out.get("limit")
+    if "limit" in out and (type(limit) is not int or not 1 <= limit <= most):
+        raise InvalidParams(f"page.limit: must be an integer in 1..{most}")
     return out
 
 

@@ -132,18 +132,7 @@ def top_request(
     else:
         key = params.text(name, "name", NAME_MAX_BYTES)
     kind = params.text(kind_value, "kind", KIND_MAX_BYTES)
-    options = args[3] if len(args) > 3 and args[3] is not None else {}
-    if type(options) is not dict:
-        raise InvalidParams(f"options: must be a map, got {params.describe(options)}")
-    given: dict[str, Any] = {}
-    for raw, value in options.items():
-        option = raw.decode("utf-8", "replace") if type(raw) is bytes else raw
-        if option not in _OPTIONS:
-            raise InvalidParams(
-                f"options: unknown option {_shown(option)}; top takes"
-                f" {', '.join(map(repr, _OPTIONS))}"
-            )
-        given[option] = value
+    given = params.options(args[3] if len(args) > 3 else None, "options", "top", _OPTIONS)
     by_name = given.get("by", "count")
     if by_name not in BY:
         raise InvalidParams(
