@@ -21,6 +21,7 @@ from tidal.protocol import ErrorCode
 from tidal.protocol.methods import BY_NAME, TABLE
 from tidal.protocol.openrpc import ERRORS, document
 from tidal.server import VERSION, Server
+from tidal.server.engine.health import Booting
 
 ROOT = Path(__file__).parent.parent
 META = Path(__file__).parent / "openrpc"
@@ -232,3 +233,31 @@ def test_protocol_md_names_every_method_param_and_error_of_the_table() -> None:
         assert headed[name] == {p.name for p in method.params}, name
     documented = {int(code) for code in re.findall(r"^\| (-?\d+) \|", text, re.MULTILINE)}
     assert documented == {int(code) for code in ERRORS}
+
+
+class Recorder:
+    """What a connection is told, without one: the booting server's answers are sans-I/O."""
+
+    def __init__(self) -> None:
+        self.told: dict[int, tuple[str, Any]] = {}
+
+    def reply(self, msgid: int | None, result: Any) -> None:
+        assert msgid is not None
+        self.told[msgid] = ("result", result)
+
+    def reply_error(self, msgid: int | None, code: int, message: str) -> None:
+        assert msgid is not None
+        self.told[msgid] = ("error", code)
+
+
+def test_a_loading_server_answers_what_the_table_says_it_does() -> None:
+    """While the database loads (and a standby waits), the methods the table marks
+    ``while_starting`` are answered, and every other is refused with error 2."""
+    conn = Recorder()
+    methods = [m for m in TABLE if m.name != "auth"]  # the connection's own, before any load
+    for msgid, method in enumerate(methods):
+        Booting().handle(conn, msgid, method.name, [])  # type: ignore[arg-type]
+    answered = {methods[i].name for i, (kind, _) in conn.told.items() if kind == "result"}
+    refused = {methods[i].name for i, told in conn.told.items() if told == ("error", 2)}
+    assert answered == {m.name for m in methods if m.while_starting}
+    assert answered | refused == {m.name for m in methods}

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tidal.protocol import ErrorCode
+from tidal.protocol.methods import BY_NAME
 from tidal.server.core import params
 from tidal.server.core.replies import Later, Replier
 from tidal.server.errors import InvalidParams
@@ -69,20 +70,21 @@ class Booting:
         if msgid is None:
             conn.reply(None, None)  # nothing can be applied yet
             return
+        declared = BY_NAME.get(method)
+        if declared is None or not declared.while_starting:  # the table says what is answered
+            conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.refusal())
+            return
         try:
-            if method == "ping":
-                params.arity_of(method, args)
-                conn.reply(msgid, "pong")
-            elif method == "health":
-                params.arity_of(method, args)
-                conn.reply(msgid, self.health())
-            elif method == "rpc.discover":
-                params.arity_of(method, args)
-                discover(conn, msgid, args)
-            else:
-                conn.reply_error(msgid, ErrorCode.UNAVAILABLE, self.refusal())
+            params.arity_of(method, args)
         except InvalidParams as exc:
             conn.reply_error(msgid, ErrorCode.INVALID_PARAMS, str(exc))
+            return
+        if method == "ping":
+            conn.reply(msgid, "pong")
+        elif method == "health":
+            conn.reply(msgid, self.health())
+        else:  # rpc.discover (auth is the connection's own)
+            discover(conn, msgid, args)
 
 
 class Standby(Booting):
