@@ -17,6 +17,7 @@ import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
 
+from . import routing
 from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import ConnectionLost, TidalError
@@ -164,7 +165,13 @@ class ClusterClient(AsyncFace, Commands):
         return await self._any._send(call)
 
     async def call(self, method: str, *params: Any) -> Any:
-        """One request as given, where the method table routes it; the raw result."""
+        """One request as given, where the method table routes it; the raw result (a
+        ``signal_batch`` goes whole to the node of its first signal's user)."""
+        if method == "signal_batch":
+            first = routing.first_user(params)
+            if first is not None:
+                return await self.routed(first, lambda c: c.call(method, *params))
+            return await self._any.call(method, *params)
         return await self._send(Call(method, list(params)))
 
     async def _batch(self, call: Call) -> list[SignalAck]:

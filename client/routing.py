@@ -28,6 +28,15 @@ def route(method: str) -> Route:
     return "any" if known is None else known.route
 
 
+def first_user(params: Sequence[Any]) -> int | None:
+    """A raw ``signal_batch``'s first signal's user, if its params have that shape."""
+    items = params[0] if params else None
+    if type(items) is list and items and type(items[0]) is list and items[0]:
+        user = items[0][0]
+        return user if type(user) is int else None
+    return None
+
+
 class Step(NamedTuple):
     """What a routing client does after a failed try, before the next."""
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from . import routing
 from .addresses import Hosts
 from .client import DEFAULT_TIMEOUT
 from .cluster import NODE_RECONNECTS, whole
@@ -119,7 +120,13 @@ class SyncClusterClient(SyncFace, Commands):
         return self._any._send(call)
 
     def call(self, method: str, *params: Any) -> Any:
-        """One request as given, where the method table routes it; the raw result."""
+        """One request as given, where the method table routes it; the raw result (a
+        ``signal_batch`` goes whole to the node of its first signal's user)."""
+        if method == "signal_batch":
+            first = routing.first_user(params)
+            if first is not None:
+                return self.routed(first, lambda c: c.call(method, *params))
+            return self._any.call(method, *params)
         return self._send(Call(method, list(params)))
 
     def _batch(self, call: Call) -> list[SignalAck]:

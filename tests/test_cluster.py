@@ -261,6 +261,11 @@ async def test_three_nodes_share_the_partitions_and_route_each_user_to_one(
         batch = [Signal(user, "b", "view") for user in range(40)]
         acks = await c.signal_batch(batch)
         assert [a.forwarded for a in acks] == [user % 3 != 0 for user in range(40)]
+        # raw calls go where the method table routes them: a user's to its node, a raw
+        # batch whole to its first user's
+        assert [(await c.call("status", u))["status"] for u in (3, 4)] == ["left", "active"]
+        raw = await c.call("signal_batch", [[400, "raw", "view"], [400, "raw", "like"]])
+        assert [a["forwarded"] for a in raw] == [True, True]
     by_user = Counter(u for (u,) in await database.rows("SELECT user_id FROM ledger"))
     assert all(by_user[user] == 3 for user in range(40)) and by_user[7] == 3
     # a stock client on one node: told where each user is served, nothing applied
