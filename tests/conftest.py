@@ -273,7 +273,9 @@ class ServerProcess:
     async def stop(self, signum: int = signal.SIGTERM) -> int:
         assert self.proc is not None
         if self.proc.returncode is None:
-            os.kill(self.proc.pid, signum)
+            # a process that exited by itself may be reaped already, its returncode not yet set
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signum)
         return await self.wait()
 
     async def wait(self) -> int:
