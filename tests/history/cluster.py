@@ -31,7 +31,7 @@ from tidal.testing.postgres import Cluster, free_port
 
 from ..conftest import Database, ServerProcess
 from .nemesis import restart_postgresql
-from .record import History
+from .record import SENDING, History
 
 NEMESIS = ("kill9", "term", "pause", "join", "leave", "pg_restart")
 NODES, LEAST, MOST = 3, 2, 4
@@ -69,11 +69,11 @@ class RoutedClient:
         else:
             user = self.home
         if not self.pinned:
-            return await self.routed.routed(user, lambda client: client.call(method, *params))
+            return await self.routed.routed(user, lambda client: self._try(client, method, params))
         router = self.routed.router
         try:
             client = await self.routed.node(router.owner(user))
-            return await client.call(method, *params)
+            return await self._try(client, method, params)
         except Moved as exc:
             router.moved(user, exc.address)
             raise
@@ -81,6 +81,15 @@ class RoutedClient:
             with contextlib.suppress(Exception):
                 await self.routed.refresh()
             raise
+
+    async def _try(self, client: Client, method: str, params: tuple[Any, ...]) -> Any:
+        """One try, recorded in the operation being sent: which node it went to, and when
+        (a node's death bounds what was sent to it, ``History.died``)."""
+        op = SENDING.get()
+        if op is not None:
+            nodes = self.routed._nodes  # which node's client this is: the map may have moved
+            op.sent(next((a for a, c in nodes.items() if c is client), "any"))
+        return await client.call(method, *params)
 
     async def close(self) -> None:
         self.closed = True
@@ -157,7 +166,7 @@ class ClusterTarget:
         node = rng.choice(self.nodes)
         self.history.fault(f"{signal.Signals(signum).name} {node.address}")
         await node.process.stop(signum)
-        self.history.died(self.history.faults[-1].at)
+        self.history.died(self.history.faults[-1].at, node.address)
         await node.start()
         self.history.fault(f"{node.address} started again")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,9 +31,18 @@ class Op:
     outcome: Outcome = "pending"
     reply: Any = None
     bound: float = INFINITY  # unknown: when the server that had it died (its effect came before)
+    #: cluster mode: the node its last try went to, and when (``sent``); a try goes again
+    #: only if the one before was not sent, so the last is the only one that may count
+    node: str | None = None
+    sent_at: float = INFINITY
     #: refused, but what it wrote as it was read is kept: a leave with purge's leave, an
     #: erase's leave of an Active user (the refusal says so)
     partial: bool = False
+
+    def sent(self, node: str) -> None:
+        """Cluster mode: a try sent to ``node`` (the tries before it sent nothing, so a
+        death that bounded them does not bound this one)."""
+        self.node, self.sent_at, self.bound = node, time.monotonic(), INFINITY
 
     @property
     def left(self) -> bool | None:
@@ -62,6 +72,10 @@ class Op:
             f"#{self.index} c{self.client} {self.method}{params} [{self.invoked:.3f}"
             f"..{self.completed:.3f}] {self.outcome} {reply}"
         )
+
+
+#: the operation a task is sending: cluster mode's client records each try in it (``Op.sent``)
+SENDING: ContextVar[Op | None] = ContextVar("SENDING", default=None)
 
 
 @dataclass
@@ -98,10 +112,15 @@ class History:
         self.faults.append(Fault(time.monotonic(), what))
         print(f"{self.faults[-1].at:.3f} fault: {what}", flush=True)  # shown with -s
 
-    def died(self, at: float) -> None:
-        """The server died at ``at``: what it had not answered took effect before, or never."""
+    def died(self, at: float, node: str | None = None) -> None:
+        """The server died at ``at``: what it had not answered took effect before, or never.
+        Cluster mode: the ``node`` that died, and only what was last sent to it before;
+        an operation in flight elsewhere, or tried again elsewhere, may take effect later."""
         for op in self.ops:
-            if op.invoked < at and op.outcome in ("pending", "unknown"):
+            if op.outcome not in ("pending", "unknown"):
+                continue
+            went = op.invoked < at if node is None else op.node == node and op.sent_at < at
+            if went:
                 op.bound = min(op.bound, at)
 
     def of(self, *methods: str) -> Iterator[Op]:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import time
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from tidal.client import CallTimeout, Client, ConnectionLost, ServerError
 
-from .record import History, Op
+from .record import SENDING, History, Op
 
 USERS = [*range(1, 14), 0, 2**63, 2**64 - 1]
 ENTITIES = [f"p{i}" for i in range(6)]
@@ -175,10 +176,13 @@ async def call(history: History, conn: Connection, method: str, params: list[Any
                user: int | None) -> Op | None:  # fmt: skip
     client = await conn.get()
     op = history.invoke(conn.index, method, params, user)
+    sending = SENDING.set(op)
     try:
         outcome = await client.call(method, *params)
     except (ServerError, ConnectionLost, CallTimeout, OSError) as exc:
         outcome = exc
+    finally:
+        SENDING.reset(sending)
     record(history, op, outcome)
     return op
 
@@ -213,7 +217,7 @@ async def in_order(history: History, conn: Connection, rng: random.Random, index
         ]
         client = await conn.get()
         ops = [history.invoke(conn.index, m, p, u) for m, p, u in sent]
-        calls = [asyncio.ensure_future(client.call(m, *p)) for m, p, _ in sent]  # in order
+        calls = [_sending(op, client.call(m, *p)) for op, (m, p, _) in zip(ops, sent, strict=True)]
         for op, outcome in zip(ops, await asyncio.gather(*calls, return_exceptions=True),
                                strict=True):  # fmt: skip
             record(history, op, outcome)
@@ -233,6 +237,18 @@ async def in_order(history: History, conn: Connection, rng: random.Random, index
             generation, acked = generation + 1, 0  # some may count, or not: a new entity
         else:
             acked += sum(op.outcome == "ok" for op in signals)
+
+
+def _sending(op: Op, call: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    """``call`` as a task that records its tries in ``op`` (``SENDING``); started now, in
+    order with the connection's other calls."""
+    return asyncio.get_running_loop().create_task(call, context=_with(op))
+
+
+def _with(op: Op) -> contextvars.Context:
+    context = contextvars.copy_context()
+    context.run(SENDING.set, op)
+    return context
 
 
 def record(history: History, op: Op, outcome: Any) -> None:
