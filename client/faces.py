@@ -101,6 +101,7 @@ class Commands:
     erase = command(plans.erase)
     history = command(plans.history)
     left_users = command(plans.left_users)
+    count_left = command(plans.count_left)
     status = command(plans.status)
     define_cohort = command(plans.define_cohort)
     drop_cohort = command(plans.drop_cohort)

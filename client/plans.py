@@ -107,6 +107,11 @@ def left_users(o: Options, after: int | None = None, limit: int = 1000) -> Plan[
     return LeftUsers.from_wire((yield requests.left_users(after, limit)))
 
 
+def count_left(o: Options) -> Plan[int]:
+    """How many users are Left: every user's (every node's, in a cluster), as committed."""
+    return int((yield requests.read("count_left")))
+
+
 def status(o: Options, user_id: int) -> Plan[Membership]:
     return Membership.from_wire((yield requests.status(user_id)))
 

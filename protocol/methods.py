@@ -340,6 +340,14 @@ TABLE: Final[tuple[Method, ...]] = (
         examples=(([None, 1000], {"users": [], "next": None}),),
     ),
     Method(
+        "count_left",
+        "How many users are Left: every user's, on every node, as committed.",
+        (),
+        s.COUNT,
+        "Left users",
+        examples=(([], 0),),
+    ),
+    Method(
         "rpc.discover",
         "This server's OpenRPC document: every method, its params and result.",
         (),

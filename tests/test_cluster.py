@@ -290,7 +290,7 @@ async def test_three_nodes_share_the_partitions_and_route_each_user_to_one(
     assert len(set(seqs)) == len(seqs)
 
 
-async def test_counts_top_cohorts_and_left_users_from_any_node_are_exact_and_show_every_ack(
+async def test_counts_top_cohorts_left_users_and_count_left_from_any_node_are_exact(
     nodes: Nodes, database: Database
 ) -> None:
     serving = await nodes.serving(3)
@@ -359,6 +359,7 @@ async def test_counts_top_cohorts_and_left_users_from_any_node_are_exact_and_sho
         )[:4]
         assert [(r.count, r.entity) for r in top.entities] == wanted
         assert [u for u, _ in (await stock.left_users(limit=1000)).users] == left
+        assert await stock.count_left() == len(left)
     for stock in stocks:
         await stock.close()
 

@@ -158,6 +158,7 @@ async def test_a_client_generated_from_the_document_drives_every_method(server: 
     assert (await c.call("erase", 3))["erased"] == 1
     assert [line["event"] for line in await c.call("history", 1)] == ["leave", "purge", "rejoin"]
     assert (await c.call("left_users", None, 10))["users"][0][0] == 3
+    assert await c.call("count_left") == len((await c.call("left_users"))["users"])
     assert set(await c.call("cohorts")) == {"de"}
     assert (await c.call("cohorts", {"limit": 1}))["cohorts"]["de"] == {
         "country": "DE", "plan": ["pro", "team"]

@@ -415,6 +415,28 @@ async def test_left_users_and_history_see_the_writes_read_before_them(server: Se
     peer.close()
 
 
+async def test_count_left_counts_as_of_its_place_in_its_connection(server: Server) -> None:
+    """Pipelined: each count shows the leaves and rejoins read before it, none after,
+    though it is counted by the database beside the writer."""
+    peer = await RawPeer.open(server.address)
+    sent: list[list[Any]] = []
+    for user in range(1, 6):
+        sent += [["leave", [user]], ["count_left", []]]
+    sent += [["leave", [3]], ["count_left", []], ["rejoin", [2]], ["count_left", []]]
+    sent += [["erase", [9]], ["count_left", []], ["rejoin", [7]], ["count_left", []]]
+    for msgid, (method, params) in enumerate(sent):
+        peer.send([0, msgid, method, params])
+    replies = {r[1]: r for r in [await peer.receive() for _ in sent]}
+    counts = [replies[i][3] for i, (method, _) in enumerate(sent) if method == "count_left"]
+    # a second leave of user 3 and a rejoin of user 7 (never Left) change nothing; an
+    # erase makes an Active user Left
+    assert counts == [1, 2, 3, 4, 5, 5, 4, 5, 5]
+    peer.close()
+    async with await Client.connect(*server.address) as c:
+        assert await c.count_left() == 5
+        assert await c.count_left() == len((await c.left_users()).users)
+
+
 async def ledger_rows(db: Database) -> list[Any]:
     return await db.rows("SELECT user_id FROM ledger ORDER BY seq")
 

@@ -358,6 +358,9 @@ class TidalMachine(RuleBasedStateMachine):
         assert left.users == sorted(
             (u, at) for u, (s, at) in self.model.members.items() if s == "left" and at
         )
+        assert self.run(self.c.count_left()) == sum(
+            s == "left" for s, _ in self.model.members.values()
+        )
 
     def rankings_match_the_model(self) -> None:
         """Windowed counts, and top by count, weight and trend, equal a recompute."""

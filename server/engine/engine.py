@@ -48,7 +48,7 @@ from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
 
 from .changes import Changes
 from .committer import Committer
-from .dispatch import Handler, discover, dispatch
+from .dispatch import Handler, discover, dispatch, handlers
 from .feed import Feed
 from .past import Past
 from .ranked import Ranked
@@ -147,29 +147,11 @@ class Engine:
             "rpc.discover": discover,
         }
         changes = Changes(self, snapshot.last_event_ns, clock)
-        self._methods.update(
-            leave=changes.leave,
-            rejoin=changes.rejoin,
-            purge=changes.purge,
-            erase=changes.erase,
-            define_cohort=changes.define_cohort,
-            drop_cohort=changes.drop_cohort,
-            subscribe=self.feed.subscribe,
-            unsubscribe=self.feed.unsubscribe,
-        )
         ranked = Ranked(self, clock)
         reads = self._reads = Reads(self, ranked)
-        self.health = reads.health
-        self._methods.update(
-            status=reads.status,
-            cohorts=reads.cohorts,
-            counts=reads.counts,
-            stats=reads.stats,
-            health=reads.check_health,
-            history=reads.history,
-            top=ranked.top,
-            left_users=reads.left_users,
-        )
+        self.health = reads.health_report
+        # every other method's handler is the one of these that bears its name
+        self._methods.update(handlers(self._methods, changes, self.feed, reads, ranked))
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
@@ -200,6 +182,7 @@ class Engine:
         self.feed.stop()
         await self.past.close()  # every withdrawal read joins a batch, or is refused
         await self.committer.close()
+        await self._reads.close()  # the reads beside the writer, whose writes are done
 
     def handle(self, conn: Replier, msgid: int | None, method: str, args: list[Any]) -> None:
         """Apply one request now; its reply goes out now or when its batch is durable.

@@ -98,7 +98,7 @@ class Ranked:
         slot, by, which, limit, after = request
         return ranking.top(board, slot, by, which, limit, after, now)
 
-    def counts(
+    def board_counts(
         self, conn: Replier, msgid: int | None, entity: str, window: int, after: Slot | None,
         limit: int,
     ) -> None:  # fmt: skip

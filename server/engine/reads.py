@@ -1,18 +1,24 @@
-"""The read handlers: status, cohorts, counts, stats and health.
+"""The read handlers: status, cohorts, counts, stats, health, history, left_users and
+count_left.
 
 A read changes nothing. It is answered at once unless it could show a write not
 yet on disk. ``counts`` is answered from the board with what is committed, as
 ``top`` is (``ranked``), unless it must show what is not yet (the caller's own
 writes, a purge read before it): then it waits for that commit. ``health``
 always waits for the writer's next round trip (proof that the writer is alive).
+A read of the tables that would hold the writer up (a count) runs beside it
+(``beside``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
+from tidal.protocol import ErrorCode
 from tidal.protocol.limits import (
     ENTITY_MAX_BYTES,
     HISTORY_LINE_BYTES,
@@ -26,6 +32,9 @@ from tidal.protocol.limits import (
 from tidal.server.core import orders, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
+from tidal.server.errors import StorageFailure
+from tidal.server.storage import past as storage_past
+from tidal.server.storage.sqlbulk import Dialect, Plan
 from tidal.server.version import VERSION, compiled
 
 from .health import STALLED, HealthCheck, report
@@ -34,12 +43,16 @@ from .state import EngineState
 
 log = logging.getLogger("tidal.engine")
 
+#: a plan of reads of the tables, given the backend's dialect (``storage.sqlbulk``)
+TableRead = Callable[[Dialect], Plan[Any]]
+
 
 class Reads:
     def __init__(self, engine: EngineState, ranked: Ranked) -> None:
         self._engine = engine
         self._ranked = ranked
         self._started = time.monotonic()
+        self._beside: set[asyncio.Task[None]] = set()  # reads of the tables, under way
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id = params.user_id(args[0])
@@ -71,7 +84,7 @@ class Reads:
         after = params.cursor(page["after"]) if page.get("after") is not None else None
         window = ranking.window_option(page["window"]) if "window" in page else -1
         limit = page.get("limit", most)
-        self._ranked.counts(conn, msgid, entity, window, after, limit)  # from the board
+        self._ranked.board_counts(conn, msgid, entity, window, after, limit)  # from the board
 
     def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""
@@ -111,6 +124,41 @@ class Reads:
         committer.open.reads.append(read)
         committer.later(conn, msgid, read)
 
+    def count_left(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """How many users are Left: every user's (every node's, in cluster mode), counted
+        in the table as committed once the connection's earlier writes were."""
+        self.beside(conn, msgid, storage_past.count_left)
+
+    def beside(self, conn: Replier, msgid: int | None, plan: TableRead) -> None:
+        """A read of the tables, on storage's reader: the writer never waits on it. It
+        answers as of its place in its connection's order: it reads once every write read
+        before it has committed (or been refused), and the connection's later requests
+        wait for its answer."""
+        if msgid is None:
+            conn.reply(None, None)
+            return
+        conn.hold(True)
+        task = asyncio.get_running_loop().create_task(self._read(conn, msgid, plan))
+        self._beside.add(task)
+        task.add_done_callback(self._beside.discard)
+
+    async def _read(self, conn: Replier, msgid: int, plan: TableRead) -> None:
+        try:
+            await self._engine.committer.settled()
+            result = await self._engine.storage.read(plan)
+        except StorageFailure as exc:
+            conn.reply_error(msgid, ErrorCode.UNAVAILABLE, f"storage unavailable: {exc}")
+        else:
+            conn.reply(msgid, result)
+        finally:
+            conn.hold(False)
+            conn.flush()
+
+    async def close(self) -> None:
+        """Once the writer has stopped: the reads under way are answered."""
+        while self._beside:
+            await asyncio.wait(set(self._beside))
+
     def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         signals = self._engine.signals
         kept, ranked = orders.kept_orders(self._engine.board)
@@ -129,7 +177,7 @@ class Reads:
             "backend": self._engine.storage.backend,
             "db_bytes": self._engine.storage.size(),
             "commits": self._engine.storage.commits,
-            "storage": self.health()["storage"],
+            "storage": self.health_report()["storage"],
             "subscribers": len(self._engine.feed),
             "last_event_id": self._engine.feed.last_id,
             "aggregates": self._engine.board.tallies,
@@ -141,7 +189,7 @@ class Reads:
         }
         self._engine.committer.answer(conn, msgid, stats)
 
-    def check_health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+    def health(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Answered after a round trip through the writer: a stuck disk times it out.
         After a full disk, the round trip carries a small write, to see if space is back."""
         if msgid is None:
@@ -149,7 +197,7 @@ class Reads:
             return
         committer = self._engine.committer
         if committer.unknown is not None:  # the writer is busy finding out: say so now
-            conn.reply(msgid, self.health())
+            conn.reply(msgid, self.health_report())
             return
         stalled = committer.stalled()
         if stalled > STALLED:  # the database has not answered the writer for a while
@@ -161,9 +209,9 @@ class Reads:
             batch.probe = True
             batch.writes += 1
         batch.reach = True  # the round trip reaches the database, wherever it is
-        committer.later(conn, msgid, HealthCheck(self.health))
+        committer.later(conn, msgid, HealthCheck(self.health_report))
 
-    def health(self) -> dict[str, Any]:
+    def health_report(self) -> dict[str, Any]:
         """Storage's state, and the memory budget's: ``memory`` is ``full`` once writes
         that would create aggregates are refused. That alone leaves ``status`` as it is:
         the server still serves, and a restart would load the same aggregates."""

@@ -66,6 +66,12 @@ def left_users(after: int | None, n: int) -> Plan[list[tuple[int, int]]]:
     return rows
 
 
+def count_left(d: Dialect) -> Plan[int]:
+    """How many users are Left, as committed (``count_left``, on the reader)."""
+    ((n,),) = yield Rows('SELECT COUNT(*) FROM memberships WHERE "left" = 1')
+    return int(n)
+
+
 _ROWS_OF: Final = (
     "SELECT seq, entity, kind, weight, forwarded, context, COALESCE(at_ns, ts_ns) FROM ledger"
     " WHERE {in_seqs} AND user_id = ? ORDER BY seq"

@@ -143,6 +143,7 @@ class Checker:
         self.nodes = nodes
         self.clustered = clustered
         self.anomalies: list[tuple[float, str]] = []
+        self.left = 0  # users whose status says Left (``memberships``)
         self.users = {user: Timeline(ops) for user, ops in history.changes.items()}
 
     def timeline(self, user: int) -> Timeline:
@@ -261,6 +262,9 @@ class Checker:
     # -- every read against a recompute ------------------------------------
 
     async def reads(self, node: Client, rows: list[model.Row], names: dict[int, str]) -> None:
+        left = await node.call("count_left")
+        if left != self.left:
+            self.wrong(0, f"count_left() = {left}, but {self.left} users' status says Left")
         stats = await node.call("stats")
         if not self.clustered and stats["ledger_rows"] != len(rows):  # a node counts its own
             self.wrong(
@@ -326,8 +330,12 @@ class Checker:
     # -- memberships, history, the feed ------------------------------------
 
     async def memberships(self) -> None:
+        # every user a change was sent for (the others cannot be Left): count_left's answer
+        changed = sorted(set(USERS) | set(self.history.changes))
+        statuses = {user: (await self.client.call("status", user))["status"] for user in changed}
+        self.left = sum(status == "left" for status in statuses.values())
         for user in USERS:
-            status = (await self.client.call("status", user))["status"]
+            status = statuses[user]
             expected = self.timeline(user).status(None)
             if expected is not None and status != expected:
                 self.wrong(0, f"user {user} is {status}, the history says {expected}")

@@ -17,6 +17,7 @@ holds the one before.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -87,6 +88,7 @@ class PgStorage:
         )
         self.commits = 0
         self._reader: asyncpg.Connection | None = None  # for reads beside the writer
+        self._reading = asyncio.Lock()  # one at a time on it, as SQLite's thread runs them
         self._size = 0
         self._sized_at = 0.0
 
@@ -234,7 +236,12 @@ class PgStorage:
             await self._measure(conn)
 
     async def read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
-        """On a second connection: one repeatable-read transaction, a snapshot."""
+        """On a second connection: one repeatable-read transaction, a snapshot. Reads from
+        several tasks (a survey, a ``count_left``) take their turns."""
+        async with self._reading:
+            return await self._read(plan)
+
+    async def _read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
         conn = self._reader
         try:
             if conn is None or conn.is_closed():
