@@ -657,6 +657,39 @@ async def test_operators_mistakes_with_a_cluster_get_one_line(database: Database
     assert code == 2 and "advertise: host:port" in err, err
 
 
+async def test_the_cluster_tables_migrate_in_versioned_steps(database: Database) -> None:
+    """Cluster mode's tables are migrated as the database's are: steps with a version. A
+    cluster made before the steps were versioned runs them again, harmlessly; one that a
+    newer tidal migrated further is refused in one line."""
+    port = free_port()
+    args = ("--port", str(port), "--cluster", "a", "--advertise", f"127.0.0.1:{port}")
+    node = await ServerProcess(database.target, *args).start()
+    await Nodes(database).settled([node])
+    steps = "SELECT version FROM tidal_cluster_schema ORDER BY version"
+    try:
+        async with await Client.connect("127.0.0.1", port, timeout=10) as c:
+            await c.signal(1, "e", "view")
+        first = [v for (v,) in await database.rows(steps)]
+        assert first == list(range(1, len(first) + 1)) and len(first) >= 5
+    finally:
+        await node.stop()
+    await database.rows("DROP TABLE tidal_cluster_schema")  # as a cluster of before
+    node = await ServerProcess(database.target, *args).start()
+    await Nodes(database).settled([node])
+    try:
+        async with await Client.connect("127.0.0.1", port, timeout=10) as c:
+            assert (await c.counts("e")).ledger["view"].count == 1
+            assert (await c.signal(2, "e", "view")).forwarded
+        assert [v for (v,) in await database.rows(steps)] == first
+    finally:
+        await node.stop()
+    await database.rows("INSERT INTO tidal_cluster_schema (version) VALUES (?)", len(first) + 1)
+    code, err = await cli("serve", "--db", database.target, *args)
+    newer = f"tidal cluster schema version {len(first) + 1}, newer than this tidal understands"
+    assert code == 2 and newer in err.splitlines()[-1], err
+    assert "Traceback" not in err
+
+
 async def test_one_node_answers_partition_map_as_a_server_of_every_user(
     database: Database,
 ) -> None:

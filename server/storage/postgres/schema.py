@@ -153,20 +153,31 @@ async def migrate(db: asyncpg.Connection, location: str, *, shared: bool = False
 async def _migrate(db: asyncpg.Connection, location: str) -> None:
     await db.execute("CREATE TABLE IF NOT EXISTS tidal_schema (version INT NOT NULL)")
     version = await db.fetchval("SELECT MAX(version) FROM tidal_schema") or 0
-    if version > SCHEMA_VERSION:
-        raise DatabaseUnusable(
-            f"{location} has tidal schema version {version}, newer than this tidal understands"
-            f" ({SCHEMA_VERSION}): it was written by a newer tidal; run that version, or restore"
-            " a dump taken before the upgrade"
-        )
     if version == 0 and await db.fetchval("SELECT to_regclass('ledger') IS NOT NULL"):
         raise DatabaseUnusable(
             f"{location} has a table named ledger that tidal did not make; give tidal a"
             " database (or a schema, through search_path) of its own"
         )
-    for target in range(version, SCHEMA_VERSION):
+    await steps(db, location, MIGRATIONS, "tidal_schema", "database schema")
+
+
+async def steps(
+    db: asyncpg.Connection, location: str, migrations: list[list[str]], table: str, what: str
+) -> None:
+    """The ``migrations`` past the version ``table`` records, each step in a transaction
+    of its own (inside the caller's, a savepoint) with its version: the one shape every
+    list of migrations has (the database's here, cluster mode's in ``cluster``)."""
+    await db.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INT NOT NULL)")
+    version = await db.fetchval(f"SELECT MAX(version) FROM {table}") or 0
+    if version > len(migrations):
+        raise DatabaseUnusable(
+            f"{location} has tidal {what} version {version}, newer than this tidal understands"
+            f" ({len(migrations)}): it was written by a newer tidal; run that version, or"
+            " restore a dump taken before the upgrade"
+        )
+    for target in range(version, len(migrations)):
         async with db.transaction():
-            for statement in MIGRATIONS[target]:
+            for statement in migrations[target]:
                 await db.execute(statement)
-            await db.execute("INSERT INTO tidal_schema (version) VALUES ($1)", target + 1)
-        log.info("database schema migrated to version %d", target + 1)
+            await db.execute(f"INSERT INTO {table} (version) VALUES ($1)", target + 1)
+        log.info("%s migrated to version %d", what, target + 1)
