@@ -20,6 +20,21 @@ from tidal.protocol.limits import WEIGHT_MAX
 
 from .params import Scalar
 
+#: user ids are unsigned 64-bit on the wire; both backends store signed 64-bit integers.
+#: The one rule between the two: ``to_db`` as a row is made, ``from_db`` as one is read
+#: (the engine and the past key everything by the wire's user_id)
+U64: Final = 2**64
+I64_MAX: Final = 2**63 - 1
+
+
+def to_db(user_id: int) -> int:
+    return user_id - U64 if user_id > I64_MAX else user_id
+
+
+def from_db(value: int) -> int:
+    return value + U64 if value < 0 else value
+
+
 LEDGER, COHORT, COMMUNITY = 0, 1, 2
 
 #: (layer, key, kind): key is "" for the ledger, a cohort id, or a community name

@@ -50,7 +50,7 @@ def reach(rule: Rule, seq: int, forwarded: int) -> int:
 
 @dataclass(slots=True)
 class Job:
-    user: int  # as stored
+    user: int
     erase: bool
     seqs: list[int]
     done: int = 0
@@ -75,7 +75,7 @@ class Rewrite:
 
 class Rewrites:
     def __init__(self, rules: dict[int, Rule], chunk: int = CHUNK) -> None:
-        self.rules = rules  # by user as stored
+        self.rules = rules  # by user_id
         self._chunk = chunk
         self._jobs: deque[Job] = deque()
 

@@ -20,12 +20,12 @@ longer in the ledger).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import Final
 
 from .batch import Batch
-from .ledger import Row
+from .ledger import Row, to_db
 
 #: rows per block
 BLOCK: Final = 4096
@@ -101,10 +101,13 @@ class UserRows:
             for at in range(0, len(tail) - BLOCK + 1, BLOCK)
         ]
 
-    def recent(self, user: int, before_seq: int) -> list[int]:
-        """The seqs below ``before_seq`` of the user's rows not yet in a written block."""
+    def recent(self, user_id: int, before_seq: int, pending: Sequence[Row] = ()) -> list[int]:
+        """The seqs below ``before_seq`` of the user's rows not yet in a written block:
+        committed (the tail), then ``pending`` (rows of a batch not yet committed)."""
         first = self.next_block
-        return [first + i for i, u in enumerate(self.tail) if u == user and first + i < before_seq]
+        user = to_db(user_id)
+        seqs = [first + i for i, u in enumerate(self.tail) if u == user and first + i < before_seq]
+        return seqs + [row[0] for row in pending if row[1] == user and row[0] < before_seq]
 
     def deleted(self, seqs: Iterable[int]) -> None:
         """An erase's rows, deleted in a commit: their entries in the tail go too, so that

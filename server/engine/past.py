@@ -35,7 +35,6 @@ from tidal.server.core.userrows import UserRows
 from tidal.server.errors import RequestError, StorageFailure, Unavailable
 from tidal.server.storage import past as storage_past
 from tidal.server.storage.interface import Storage
-from tidal.server.storage.sqlbulk import U64, from_db, to_db
 
 from .committer import Committer
 
@@ -97,7 +96,7 @@ class Past:
     def adopt(self, ours: Callable[[int], bool], rules: dict[int, Rule]) -> None:
         """Cluster mode: partitions taken over, with the rules of their users' withdrawals
         not all rewritten yet; this node finds their rows and goes on rewriting them."""
-        for user in [u for u in self.rewrites.rules if ours(from_db(u))]:
+        for user in [u for u in self.rewrites.rules if ours(u)]:
             self.rewrites.drop(user)  # of an earlier time this node served them
         self.rewrites.rules.update(rules)
         self._loaded(rules)
@@ -110,17 +109,17 @@ class Past:
         self._unresumed.update(rules)
         for user, rule in rules.items():
             if rule.erase_before:
-                self._keys.erasing_since(from_db(user), rule.erase_before)
+                self._keys.erasing_since(user, rule.erase_before)
 
     def chunk(self, batch: Batch) -> Rewrite | None:
         """The next chunk of rows to rewrite, with ``batch``. Cluster mode: of a user this
         node still serves, fenced with the batch; a user another node serves now is left
         to that one, which loaded the rule as it took the partition."""
-        withdrawing = {to_db(w.user_id) for w in batch.past}
+        withdrawing = {w.user_id for w in batch.past}
         if self._owners is None:
             return self.rewrites.chunk(withdrawing)
         while (chunk := self.rewrites.chunk(withdrawing)) is not None:
-            part = self._owners.part(from_db(chunk.user))
+            part = self._owners.part(chunk.user)
             epoch = self._owners.owned.get(part)
             if epoch is not None:
                 batch.parts[part] = epoch
@@ -165,10 +164,9 @@ class Past:
         """``batch`` is durable: its withdrawals have taken effect, its chunk is rewritten."""
         for w in batch.past:
             log.info("%s", w)  # rare, and asked for: worth a line each
-            user = to_db(w.user_id)
             if w.seqs:
-                self.rewrites.took_effect(user, w.erase, w.before_seq, w.seqs)
-            if w.erase and not self.rewrites.rule(user).erase_before:
+                self.rewrites.took_effect(w.user_id, w.erase, w.before_seq, w.seqs)
+            if w.erase and not self.rewrites.rule(w.user_id).erase_before:
                 # nothing of the user's is left to delete: their keys went with their rows.
                 # While an earlier erase's rows are still being deleted, their keys stay
                 # forgotten until its last chunk (``rewrite.last``)
@@ -180,12 +178,12 @@ class Past:
                 self._user_rows.deleted(rewrite.seqs)  # the blocks blanked in its commit
             if rewrite.last:
                 erased = self.rewrites.rule(rewrite.user).erase_before
-                self._keys.erased(from_db(rewrite.user), erased)
+                self._keys.erased(rewrite.user, erased)
             job = self.rewrites.committed(rewrite)
             if job is not None and job.seqs:
                 log.info(
                     "user %d: %d rows %s in %d commits, the longest %.1f ms",
-                    from_db(job.user), len(job.seqs), "deleted" if job.erase else "unforwarded",
+                    job.user, len(job.seqs), "deleted" if job.erase else "unforwarded",
                     job.commits, job.longest * 1e3,
                 )  # fmt: skip
         self._settle(batch)
@@ -217,7 +215,7 @@ class Past:
 
     def _settle(self, batch: Batch) -> None:
         for w in batch.past:
-            settled = self._joined.pop(to_db(w.user_id), None)
+            settled = self._joined.pop(w.user_id, None)
             if settled is not None and not settled.done():
                 settled.set_result(None)
 
@@ -245,13 +243,13 @@ class Past:
                     log.error("finding the rows of unfinished purges and erasures failed (%s)", exc)
                     await asyncio.sleep(RESUME_RETRY)  # a schedule, not a synchronisation
                 continue
-            head = to_db(self._asked[0].w.user_id)
+            head = self._asked[0].w.user_id
             if (ahead := self._joined.get(head)) is not None:
                 await asyncio.shield(ahead)  # it must be read through that one's rule
                 continue
             group = self._group()
             for a in group:
-                a.w.rule = self.rewrites.rule(to_db(a.w.user_id))
+                a.w.rule = self.rewrites.rule(a.w.user_id)
             through = None
             if self._owners is not None:  # each commit writes its blocks: all on disk before
                 through = (self._committer.inflight or self._committer.open).first_seq
@@ -284,7 +282,7 @@ class Past:
                             self._refuse(a, str(exc), exc.code)
                         continue
                 a.w.survey = found
-                self._joined[to_db(a.w.user_id)] = asyncio.get_running_loop().create_future()
+                self._joined[a.w.user_id] = asyncio.get_running_loop().create_future()
                 a.join(batch)
                 batch.past.append(a.w)
                 batch.writes += 1
@@ -315,7 +313,7 @@ class Past:
         """An erase refused after its batch took it in: its keys count again, down to
         what an earlier erase of the user, still deleting, forgets."""
         if w.erase:
-            rule = self.rewrites.rule(to_db(w.user_id))
+            rule = self.rewrites.rule(w.user_id)
             if rule.erase_before:
                 self._keys.erasing_since(w.user_id, rule.erase_before)
             else:
@@ -327,7 +325,7 @@ class Past:
         group: list[Asked] = []
         users: set[int] = set()
         for a in self._asked:
-            user = to_db(a.w.user_id)
+            user = a.w.user_id
             if user in users or user in self._joined or len(group) == SURVEY_GROUP:
                 break  # in order: a later one joins no batch before this one
             users.add(user)
@@ -338,8 +336,10 @@ class Past:
         """At boot, or partitions taken: the rows the loaded rules still cover, to rewrite."""
         while self._unresumed:
             user, rule = next(iter(self._unresumed.items()))
-            tail = self._user_rows.recent(user, U64)
-            unwritten = functools.partial(storage_past.unwritten, user=user, rule=rule, tail=tail)
+            tail = self._user_rows.recent(user, 1 << 64)  # every seq
+            unwritten = functools.partial(
+                storage_past.unwritten, user_id=user, rule=rule, tail=tail
+            )
             erase, purge = await self._storage.read(unwritten)
             if erase:
                 self.rewrites.resume(user, True, erase)
@@ -349,7 +349,7 @@ class Past:
                 del self._unresumed[user]
             log.info(
                 "user %d: %d rows of a purge or erase still to rewrite",
-                from_db(user),
+                user,
                 len(erase) + len(purge),
             )
 

@@ -156,7 +156,7 @@ def _read_rows(where: str, args: tuple[Any, ...], rules: dict[int, Rule]) -> Pla
         return rows
     counted = []
     for *row, user in (yield Rows(_ROWS + ", user_id FROM ledger" + where, args)):
-        rule = rules.get(user)
+        rule = rules.get(from_db(user))
         if rule is not None:
             row[4] = reach(rule, row[0], row[4])
             if row[4] == GONE:

@@ -170,12 +170,12 @@ def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
     """One chunk of a withdrawal's rows rewritten: flipped (purge) or deleted, with their
     keys and their entries in the blocks (erase); with the last, the user's rule goes."""
     began = time.perf_counter()
-    listed = d.seqs(r.seqs)
+    listed, user = d.seqs(r.seqs), to_db(r.user)
     mine = f"{d.in_seqs} AND user_id = ?"
     if r.seqs and r.erase:
         keys = f"DELETE FROM signal_keys WHERE {d.in_seqs} RETURNING key, seq"
         r.keys = yield Rows(keys, (listed,))
-        r.deleted = yield Changed(f"DELETE FROM ledger WHERE {mine}", (listed, r.user))
+        r.deleted = yield Changed(f"DELETE FROM ledger WHERE {mine}", (listed, user))
         # the block each row is in: the last to start at or before it (a cluster's blocks
         # are one per commit, not one per BLOCK seqs)
         containing = (
@@ -191,24 +191,25 @@ def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
             yield Exec(ADD_META, ("ledger_deleted", r.deleted))
     elif r.seqs:
         yield Exec(
-            f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1", (listed, r.user)
+            f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1", (listed, user)
         )
     if r.last:
-        yield Exec("DELETE FROM rewrites WHERE user_id = ?", (r.user,))
+        yield Exec("DELETE FROM rewrites WHERE user_id = ?", (user,))
     r.seconds = time.perf_counter() - began
 
 
 def rules() -> Plan[dict[int, Rule]]:
-    """The rules of withdrawals whose rows are not all rewritten yet, by user as stored."""
+    """The rules of withdrawals whose rows are not all rewritten yet, by user_id."""
     rows = yield Rows("SELECT user_id, purge_before, erase_before FROM rewrites")
-    return {user: Rule(purge, erase) for user, purge, erase in rows}
+    return {from_db(user): Rule(purge, erase) for user, purge, erase in rows}
 
 
 def unwritten(
-    d: Dialect, user: int, rule: Rule, tail: Iterable[int]
+    d: Dialect, user_id: int, rule: Rule, tail: Iterable[int]
 ) -> Plan[tuple[list[int], list[int]]]:
     """At boot, on the reader: the rows a rule still covers, as the erase's and the
     purge's to rewrite. ``tail``: the user's rows past the last block (from memory)."""
+    user = to_db(user_id)
     below = max(rule.purge_before, rule.erase_before)
     blocks = yield Rows(_BLOCKS)
     seqs = sorted(set(_find(blocks, user, below)) | {seq for seq in tail if seq < below})

@@ -6,7 +6,7 @@ order of a commit's statements is written once, and SQLite runs it all in one
 call on its thread while PostgreSQL awaits each statement on its connection.
 SQL is written with ``?`` placeholders; the PostgreSQL runner numbers them.
 Both databases hold user ids (unsigned 64-bit on the wire) as signed 64-bit, in
-two's complement.
+two's complement (``core.ledger.to_db``, ``from_db``).
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
 
+from tidal.server.core.ledger import I64_MAX as I64_MAX  # the rule's one place
+from tidal.server.core.ledger import U64 as U64
+from tidal.server.core.ledger import from_db as from_db
+from tidal.server.core.ledger import to_db as to_db
+
 log = logging.getLogger("tidal.storage")
 
-U64: Final = 2**64
-I64_MAX: Final = 2**63 - 1
 
 T = TypeVar("T")
 
@@ -216,14 +219,6 @@ def put_aggregates(rows: Sequence[tuple[Any, ...]]) -> Plan[None]:
             " cohort %d, name %r, kind %r, %+d signals",
             reason, entity, layer, cohort, name, kind, count,
         )  # fmt: skip
-
-
-def to_db(user_id: int) -> int:
-    return user_id - U64 if user_id > I64_MAX else user_id
-
-
-def from_db(value: int) -> int:
-    return value + U64 if value < 0 else value
 
 
 def table_watermark() -> Plan[int]:

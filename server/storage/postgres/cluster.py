@@ -121,7 +121,7 @@ class PartitionState:
     left: dict[int, int]
     rejoined: dict[int, int]
     keys: OrderedDict[str, tuple[int, bool, int, int | None]]
-    rules: dict[int, Rule] = field(default_factory=dict)  # by user as stored
+    rules: dict[int, Rule] = field(default_factory=dict)  # by user_id
 
 
 async def join(
@@ -328,5 +328,5 @@ async def load(
             state.keys[key] = (seq, bool(forwarded), ts, from_db(user))
     for user, purge_before, erase_before in await conn.fetch(_RULES, timeout=None):
         if ours(from_db(user)):
-            state.rules[user] = Rule(purge_before, erase_before)
+            state.rules[from_db(user)] = Rule(purge_before, erase_before)
     return state
