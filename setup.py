@@ -36,7 +36,9 @@ COMPILED = {
         "ledger", "matching", "members", "orders", "owners", "params", "parts", "past", "ranking",
         "reload", "replies", "restore", "signals", "sums", "tallies", "windows",
     ],
-    "server/engine": ["changes", "committer", "delivery", "engine", "health", "ranked", "reads"],
+    "server/engine": [
+        "changes", "committer", "delivery", "engine", "health", "ranked", "reads", "steps",
+    ],
 }  # fmt: skip
 PACKAGES = ("server", "protocol", "client", "cli", "testing")
 

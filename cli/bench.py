@@ -18,13 +18,14 @@ import random
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import Any
 
 import msgpack
 
 from . import resp as resp_wire
+from .pipeline import Load
 from .workload import BATCHES, COHORT, USER_BASE, WORKLOADS, BenchConfig, made, requests
 
 
@@ -47,91 +48,6 @@ class BenchResult:
     server_cpu_us: float | None = None
     #: stopped by Ctrl-C: the figures are of the requests answered until then
     interrupted: bool = False
-
-
-class _Load(asyncio.Protocol):
-    """One connection: ``pipeline`` slots, each with its own queue of encoded requests.
-    ``resp``: the server is Redis, each request ``replies`` commands long."""
-
-    def __init__(
-        self,
-        queues: list[list[bytes]],
-        latencies: list[float],
-        done: Callable[[], None],
-        auth: bytes = b"",
-        resp: resp_wire.Replies | None = None,
-        replies: int = 1,
-    ):
-        self.auth = auth  # an encoded auth request (msgid -1) to send first, if any
-        self.resp = resp
-        self.replies = replies
-        self.queues = [list(reversed(q)) for q in queues]  # pop() from the end is O(1)
-        self.sent_at = [0.0] * len(queues)
-        self.latencies = latencies
-        self.errors = 0
-        self.answered = 0
-        self.unpacker = msgpack.Unpacker(raw=False, use_list=False)
-        self._done = done
-        self.outstanding = 0
-        self.lost: Exception | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def start(self) -> None:
-        now = time.perf_counter()
-        out = []
-        for slot, queue in enumerate(self.queues):
-            if queue:
-                out.append(queue.pop())
-                self.sent_at[slot] = now
-                self.outstanding += 1
-                if self.resp is not None:
-                    self.resp.sent(slot, self.replies)
-        if out:
-            self.transport.write(self.auth + b"".join(out))
-        else:
-            self._done()
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        out: list[bytes] = []
-        queues, sent_at, latencies, resp = self.queues, self.sent_at, self.latencies, self.resp
-        answered: Iterator[tuple[int, Any]]
-        if resp is None:
-            self.unpacker.feed(data)
-            answered = ((message[1], message[2]) for message in self.unpacker)
-        else:
-            answered = iter(resp.feed(data))
-        for slot, error in answered:
-            if slot == -1:  # the auth reply
-                if error is not None:
-                    self.lost = ConnectionError(f"auth refused: {error!r}")
-                continue
-            latencies.append(now - sent_at[slot])
-            self.answered += 1
-            if error is not None:
-                self.errors += 1
-                if self.errors == 1:
-                    print(f"tidal bench: error reply: {error!r}", file=sys.stderr)
-            queue = queues[slot]
-            if queue:
-                out.append(queue.pop())
-                sent_at[slot] = now
-                if resp is not None:
-                    resp.sent(slot, self.replies)
-            else:
-                self.outstanding -= 1
-        if out:
-            self.transport.write(b"".join(out))
-        if self.outstanding == 0:
-            self._done()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.outstanding:
-            self.lost = exc or ConnectionError("connection closed by the server")
-            self.outstanding = 0
-            self._done()
 
 
 async def _setup(cfg: BenchConfig) -> tuple[BenchConfig, bool]:
@@ -230,7 +146,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     per_client = [cfg.requests // cfg.clients] * cfg.clients
     for i in range(cfg.requests % cfg.clients):
         per_client[i] += 1
-    conns: list[_Load] = []
+    conns: list[Load] = []
     latencies: list[float] = []
     finished = asyncio.Event()
     remaining = cfg.clients
@@ -254,7 +170,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
             else:
                 queues[slot].append(resp_wire.equivalent(sha, method, params)[0])
         load = functools.partial(
-            _Load,
+            Load,
             queues,
             latencies,
             one_done,
@@ -338,7 +254,7 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _report(conns: list[_Load], total: int, progress: Callable[[int, int], None]) -> None:
+async def _report(conns: list[Load], total: int, progress: Callable[[int, int], None]) -> None:
     while True:
         progress(sum(c.answered for c in conns), total)
         await asyncio.sleep(0.2)  # a display refresh, not synchronisation

@@ -15,15 +15,12 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import socket
 import ssl
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-from prometheus_client import start_http_server
 
 from tidal.server.engine.engine import Engine
 from tidal.server.engine.health import Booting, Standby
@@ -80,8 +77,8 @@ class Server:
     def address(self) -> tuple[str, int]:
         """Where it listens; with port 0, the port the system picked."""
         assert self._server is not None, "server not started"
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return host, port
+        name, port = self._server.sockets[0].getsockname()[:2]
+        return name, port
 
     async def start(self) -> None:
         """Check, bind, lock, then load: what can fail without touching the disk fails first.
@@ -113,11 +110,9 @@ class Server:
         if self._node is not None:
             self._node.start(engine, self._clock)
         self.state.handler = engine
-        host, port = self.address
         log.info(
             "listening on %s:%d%s%s",
-            host,
-            port,
+            *self.address,
             " (TLS)" if config.tls_cert else "",
             "" if config.token else " (no token)",
         )
@@ -143,7 +138,7 @@ class Server:
             )
         except OSError as exc:
             raise StartupError(
-                f"cannot listen on {config.host}:{config.port}: {_why(exc)}"
+                f"cannot listen on {config.host}:{config.port}: {host.why(exc)}"
             ) from None
         for sock in self._server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -156,7 +151,7 @@ class Server:
     async def _boot(self) -> Engine:
         """Leave state from disk into memory, before any request that needs it is taken.
         The collector is off meanwhile: what boot makes all lives, and a million aggregates
-        walked again at each collection took a third of the boot (``_settle_gc``)."""
+        walked again at each collection took a third of the boot (``host.settle_gc``)."""
         gc.disable()
         try:
             return await self._load()
@@ -210,7 +205,7 @@ class Server:
             owners=None if self._node is None else self._node.owners,
             memory_budget=(host.budget_bytes(config.memory_budget), config.memory_budget),
         )
-        _settle_gc()
+        host.settle_gc()
         done = time.perf_counter()
         log.info(
             "loaded %s in %.3fs (%.3fs reading it, %.3fs building memory): %d leave records,"
@@ -241,16 +236,11 @@ class Server:
 
         metrics.bind(engine, lambda: len(self.connections))
         try:
-            server, _thread = start_http_server(
-                self.config.metrics_port, self.config.host, registry=metrics.registry()
-            )
+            self._metrics_server = metrics.serve(self.config.host, self.config.metrics_port)
         except OSError as exc:
-            raise StartupError(
-                f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}:"
-                f" {_why(exc)}"
-            ) from None
-        self._metrics_server = server
-        log.info("metrics on http://%s:%d/metrics", self.config.host, server.server_port)
+            where = f"{self.config.host}:{self.config.metrics_port}"
+            raise StartupError(f"cannot serve metrics on {where}: {host.why(exc)}") from None
+        log.info("metrics on http://%s:%d/metrics", self.config.host, self.metrics_port)
 
     @property
     def metrics_port(self) -> int:
@@ -329,21 +319,3 @@ class Server:
             log.critical("stopping: %s", deposed.result())
             return 3
         return 1 if self.unclean else 0
-
-
-def _why(exc: OSError) -> str:
-    """The system's words for an errno ("Address already in use"), not asyncio's wrapping."""
-    if isinstance(exc, socket.gaierror) or not exc.errno:
-        return str(exc.strerror or exc)
-    return os.strerror(exc.errno)
-
-
-def _settle_gc() -> None:
-    """What boot loaded lives as long as the server: out of the collector's sight, it is
-    not walked again and again. Requests make many short-lived containers, nearly all
-    freed by reference counting, so the young generation is collected less often
-    (measured: 5-10% of the CPU per signal, and a shorter tail). A batch of 1,000 signals
-    holds about 5,000 containers until its commit: at 20,000 the collector walked them
-    again and again (7% of a batch's CPU); at 400,000, 10-15% less CPU per signal."""
-    gc.freeze()
-    gc.set_threshold(400_000, 50, 1000)

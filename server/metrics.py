@@ -11,7 +11,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, Final, Protocol
 
-from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -111,6 +116,12 @@ class Metrics:
         self.commit_seconds = Histogram(COMMIT_BUCKETS)
         self.engine: Callable[[], Engine | None] = lambda: None
         self.connections: Callable[[], int] = lambda: 0
+
+    def serve(self, host: str, port: int) -> Any:
+        """prometheus-client's HTTP server for ``registry()``, on its own thread: scrapes
+        never wait on the loop. Raises ``OSError`` if it cannot listen."""
+        server, _thread = start_http_server(port, host, registry=self.registry())
+        return server
 
     def bind(self, engine: Callable[[], Engine | None], connections: Callable[[], int]) -> None:
         self.engine, self.connections = engine, connections

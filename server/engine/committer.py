@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
@@ -24,7 +24,8 @@ from tidal.server.logs import Throttle
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Storage
 
-from .delivery import deliver, refuse
+from .delivery import deliver, refusal, refuse
+from .stepping import Steps
 
 log = logging.getLogger("tidal.engine")
 #: a refused commit, a line per cause at most every 10 s (a database away for a minute,
@@ -47,38 +48,6 @@ REMATCH_TRIES: Final = 2
 #: long as the path stays silent; memory still takes in the outcome once known. An answer
 #: lost otherwise (the database restarted) is waited for: finding out takes seconds
 UNKNOWN_PATIENCE: Final = 3.0
-
-
-class Steps(Protocol):
-    """What the engine does around each commit."""
-
-    def next_seq(self) -> int:
-        """The ledger seq the next signal will take: where a new open batch starts."""
-
-    def prepare(self, batch: Batch) -> None:
-        """Before ``batch`` commits: add what is due (a checkpoint, old keys to forget)."""
-
-    def busy(self) -> bool:
-        """Work due with no request asking: a chunk of rows to rewrite (``core.rewrites``)."""
-
-    def last(self, batch: Batch) -> bool:
-        """At shutdown, with nothing left to commit: add a final piece of work, if any."""
-
-    def committed(self, batch: Batch) -> None:
-        """``batch`` is durable: take in what it changed."""
-
-    def failed(self, batch: Batch, later: Batch, unknown: bool = False) -> None:
-        """``batch`` and ``later``, the open one built on it, were refused (their undo
-        already ran). ``unknown``: ``batch``'s COMMIT was cut off, and whether it held could
-        not be found out: what was written in it may be saved."""
-
-    def rematch(self, batch: Batch) -> bool:
-        """Cluster mode: ``batch``'s commit found the cohorts changed under its signals:
-        have it matched again, to be committed anew. False if it cannot be."""
-
-    def unknown(self, batch: Batch, message: str) -> None:
-        """``batch``'s COMMIT was cut off, and its outcome is still being found out: what
-        waits on it (a purge read while it was open) is told ``message`` now."""
 
 
 class Committer:
@@ -371,13 +340,4 @@ class Committer:
             )  # fmt: skip
         else:
             self._latch(exc)
-        if exc.data:
-            message = (
-                f"storage unavailable: the database refused a value in this request's group"
-                f" commit ({exc}); {NOTHING_SAVED}"
-            )
-        elif exc.outcome_unknown:
-            message = f"storage unavailable: {exc}; {UNKNOWN_SAVED}"
-        else:
-            message = f"storage unavailable: {exc}; {NOTHING_SAVED}"
-        refuse((batch, later), message)
+        refuse((batch, later), refusal(exc))

@@ -9,8 +9,8 @@ from typing import Any
 
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
-from tidal.server.core.replies import Later, Replier
-from tidal.server.errors import RequestError
+from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
+from tidal.server.errors import RequestError, StorageFailure
 
 log = logging.getLogger("tidal.engine")
 
@@ -68,3 +68,16 @@ def answer(conn: Replier, msgid: int | None, work: Callable[[], Any]) -> None:
         conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in this reply")
     else:
         conn.reply(msgid, result)
+
+
+def refusal(exc: StorageFailure) -> str:
+    """What the requests of a batch that ``exc`` refused are told: that nothing of them was
+    saved, or (its COMMIT cut off, its outcome not found out) that it is unknown."""
+    if exc.data:
+        return (
+            f"storage unavailable: the database refused a value in this request's group"
+            f" commit ({exc}); {NOTHING_SAVED}"
+        )
+    if exc.outcome_unknown:
+        return f"storage unavailable: {exc}; {UNKNOWN_SAVED}"
+    return f"storage unavailable: {exc}; {NOTHING_SAVED}"

@@ -5,8 +5,8 @@ read, so a signal read after a leave is gated even before the leave's reply is
 sent. *Acknowledged means durable*: every reply that reveals a write waits, in
 the committer, until the batch holding that write has committed.
 
-This module is the dispatch table, the signal path and the steps around each
-commit. The other writes are in ``changes``, the reads in ``reads``. The state
+This module is the dispatch table and the signal path; the steps around each commit
+are in ``steps``. The other writes are in ``changes``, the reads in ``reads``. The state
 they change lives in the sans-I/O core (``tidal.server.core``: members, cohorts,
 keys, aggregates), each part recording its changes in the open batch with their
 undo; the ledger row and the rule for what a signal counts toward are in
@@ -23,9 +23,7 @@ from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
-from tidal.protocol.methods import TABLE as METHODS
-from tidal.protocol.partitions import HASH
-from tidal.server.core import budget, chunks, ledger, orders, params, restore, userrows
+from tidal.server.core import budget, ledger, params, restore
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
 from tidal.server.core.board import Board, Key
@@ -33,6 +31,7 @@ from tidal.server.core.budget import Budget
 from tidal.server.core.chunks import Shelf
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Ack, Keys
+from tidal.server.core.ledger import to_db
 from tidal.server.core.members import Members
 from tidal.server.core.owners import Owners
 from tidal.server.core.replies import Replier
@@ -44,7 +43,6 @@ from tidal.server.core.windows import AHEAD_NS
 from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
-from tidal.server.storage.sqlbulk import I64_MAX, U64, to_db
 
 from .changes import Changes
 from .committer import Committer
@@ -55,6 +53,7 @@ from .ranked import Ranked
 from .reads import Reads
 from .replica import Replica
 from .retention import Retention
+from .steps import CommitSteps
 
 log = logging.getLogger("tidal.engine")
 
@@ -92,7 +91,7 @@ class Engine:
         self.owners = owners
         #: cluster mode: seqs below this are an older block's (``cluster``): never given again
         self._seq_floor = snapshot.next_seq
-        self._clock = clock
+        self.clock = clock
         self.connections = connections
         self.reply_budget = max_reply - REPLY_ENVELOPE
         self.metrics = metrics
@@ -112,11 +111,7 @@ class Engine:
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
-            storage,
-            snapshot.next_seq,
-            self,
-            metrics=metrics,
-            hold=hold,
+            storage, snapshot.next_seq, CommitSteps(self), metrics=metrics, hold=hold
         )
         self.signals = self.forwarded = 0
         self.ledger_rows = snapshot.ledger_rows
@@ -140,10 +135,8 @@ class Engine:
             retention=event_retention,
         )
         self._methods: dict[str, Handler] = {
-            "ping": self._ping,
             "signal": self._signal,
             "signal_batch": self._signal_batch,
-            "partition_map": self._partition_map,
             "rpc.discover": discover,
         }
         changes = Changes(self, snapshot.last_event_ns, clock)
@@ -155,13 +148,7 @@ class Engine:
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
-            self.feed.cluster = True
-            # reads that span users, and cohort changes: decided against the log's end
-            for method in METHODS:
-                if method.route == "log" and method.name != "subscribe":
-                    handler = self._methods[method.name]
-                    self._methods[method.name] = self.replica.synced(method.name, handler)
-            self.feed.resync = self.replica.synced("subscribe", self.feed.synced_subscribe)
+            self.replica.route(self._methods, self.feed)
         #: each method's handler and how many params it takes, from the method table
         self._dispatch = dispatch(self._methods)
 
@@ -205,22 +192,12 @@ class Engine:
 
     # -- writes ----------------------------------------------------------
 
-    def _ping(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        conn.reply(msgid, "pong")
-
-    def _partition_map(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        if self.owners is not None:
-            conn.reply(msgid, self.owners.wire())
-        else:  # one node serves every user
-            one = {"cluster": None, "node": None, "partitions": 1, "hash": HASH}
-            conn.reply(msgid, {**one, "owners": [[None, 0]]})
-
     def _signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         s = single_signal(args)
         batch = self.committer.writable()
         if self.owners is not None:
             self.owners.check(s.user_id, batch)
-        now = self._clock()
+        now = self.clock()
         if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
             _ahead("context.at_ns", s.at_ns, now)
         # at most, then exactly: near the budget
@@ -234,7 +211,7 @@ class Engine:
         batch = self.committer.writable()
         if self.owners is not None:  # all here, or none applied
             self.owners.check_all([s.user_id for s in signals], batch)
-        now = self._clock()
+        now = self.clock()
         for i, s in enumerate(signals):
             if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
                 _ahead(f"signals[{i}].context.at_ns", s.at_ns, now)
@@ -305,9 +282,8 @@ class Engine:
                 (entity, kind, 1, weight, now_ns if at_ns is None else at_ns, (), (), True)
             )
         context = ledger.context(communities, attrs, cohorts)
-        db_user = user_id - U64 if user_id > I64_MAX else user_id  # to_db, inline: per signal
         batch.ledger.append(
-            (seq, db_user, entity, kind, weight, now_ns, 1 if forwarded else 0, context,
+            (seq, to_db(user_id), entity, kind, weight, now_ns, 1 if forwarded else 0, context,
              ledger.NOT_GIVEN if at_ns is None else at_ns)
         )  # fmt: skip
         if key is not None:
@@ -334,120 +310,15 @@ class Engine:
             reached.append((s.entity, s.kind, (None, *cohorts, *s.communities)))
         self.budget.check(reached)
 
-    # -- around each commit (the committer's Steps) -----------------------
+    # -- around each commit: ``steps``; the seqs are the signal path's -------
 
     def next_seq(self) -> int:
         return self._next_seq
 
-    def prepare(self, batch: Batch) -> None:
-        batch.decay = self.board.decay
-        batch.now_ns = self._clock()
-        if self.replica is not None:
-            # cluster mode: the board, the cohorts and the feed through the commit log; no
-            # checkpoint or user blocks on disk yet (docs/SCALING.md); old keys go as often
-            # as a checkpoint would take them
-            self.feed.prepare(batch)
-            if self.aggregates.due(self.board):
-                self.aggregates.began()
-                self.keys.forget_old(batch, self._clock())
-            self.replica.prepare(batch)
-            batch.users_blocks = userrows.runs(batch.ledger)  # the survey's rows: all on disk
-            if self.committer.full is None:
-                batch.rewrite = self.past.chunk(batch)
-            return
-        self.feed.prepare(batch)
-        if self.aggregates.due(self.board) or self.shelf.rewrite:
-            self._checkpoint(batch)
-            self.keys.forget_old(batch, self._clock())
-        self.user_rows.prepare(batch)
-        for w in batch.past:
-            user = to_db(w.user_id)
-            w.recent = self.user_rows.recent(user, w.before_seq)
-            w.recent += [row[0] for row in batch.ledger if row[1] == user and row[0] < w.before_seq]
-        if self.committer.full is None:  # after a refused commit, a request tries first
-            batch.rewrite = self.past.chunk(batch)
-
-    def busy(self) -> bool:
-        return self.committer.full is None and self.past.rewrites.busy()
-
-    def last(self, batch: Batch) -> bool:
-        """One last checkpoint, so that the next boot replays nothing."""
-        if self.owners is not None or not (self.board.dirty() or self.shelf.rewrite):
-            return False
-        self._checkpoint(batch)
-        return True
-
-    def _checkpoint(self, batch: Batch) -> None:
-        """The board as it holds all committed before this batch (to first_seq - 1): it
-        takes nothing in until the batch has committed."""
-        self.aggregates.began()
-        batch.decay = self.board.decay
-        batch.now_ns = self._clock()
-        batch.board_state = self.board
-        batch.shelf = self.shelf
-        batch.board_changed = self.board.take_dirty()
-
-    def committed(self, batch: Batch) -> None:
-        if self.replica is None:
-            self._board_committed(batch)
-            self.user_rows.committed(batch)
-        else:  # cluster mode: no user blocks yet (``prepare``), so no tail to keep
-            self.replica.committed(batch)
-        self.budget.pending -= batch.growth  # on the board now, or (cluster) on its way
-        batch.growth = 0
-        self.aggregates.signals_committed(batch.signals)
-        self.ledger_rows += batch.signals - batch.retired
-        self.ledger_rows -= sum(w.signals for w in batch.past if w.erase)  # gone from now on
-        self.past.committed(batch)
-        if batch.retire is not None:
-            self.retention.done(batch.retired)
-        self.signals += batch.signals
-        self.forwarded += batch.forwarded
-        if self.metrics is not None:
-            self.metrics.leaves += batch.leaves
-            self.metrics.rejoins += batch.rejoins
-        self.feed.committed(batch)  # before the replies: pushed before the ack
-
-    def _board_committed(self, batch: Batch) -> None:
-        """The board takes in what ``batch`` committed: its signals, then what its
-        withdrawals took off (the next checkpoint writes what the transaction did not)."""
-        board = self.board
-        if batch.board_written is not None:
-            chunks.done(board, self.shelf, batch.board_written)
-        now = self._clock()
-        board.advance(now)
-        orders.evict(board, now)  # orders nobody reads stop costing each commit
-        board.add(batch.board)
-        if not (batch.past or batch.cohorts):
-            self.budget.freed(0)
-            return
-        held = self.budget.used()
-        for w in batch.past:
-            board.add(w.board)
-        if batch.cohorts_gone:  # those it replaced: a later batch's changes are not yet
-            board.drop_cohorts(set(batch.cohorts_gone))
-        self.budget.freed(held - self.budget.used())
-
-    def failed(self, batch: Batch, later: Batch, unknown: bool = False) -> None:
-        self.budget.pending -= batch.growth + later.growth  # never to reach the board
-        self.budget.freed(0)
-        batch.growth = later.growth = 0
-        if batch.board_changed is not None:
-            self.board.put_back(batch.board_changed)
-        self._next_seq = max(batch.first_seq, self._seq_floor)
-        self.feed.failed(batch, later)
-        self.past.failed((batch, later), unknown)
-
-    def rematch(self, batch: Batch) -> bool:
-        """Cluster mode: ``batch`` was refused for cohorts changed under it: it is matched
-        again as it is committed anew (``replica.rematch``). False: not cluster mode."""
-        if self.replica is None or batch.log is None:
-            return False
-        self.replica.rematch(batch)
-        return True
-
-    def unknown(self, batch: Batch, message: str) -> None:
-        self.past.unknown(batch, message)
+    def rewind(self, first_seq: int) -> None:
+        """A batch from ``first_seq`` on was refused: its seqs are given again (cluster
+        mode: none below an older block's)."""
+        self._next_seq = max(first_seq, self._seq_floor)
 
     # -- cluster mode -----------------------------------------------------
 

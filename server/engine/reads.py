@@ -29,6 +29,7 @@ from tidal.protocol.limits import (
     NAME_MAX_BYTES,
     SLOT_REPLY_BYTES,
 )
+from tidal.protocol.partitions import HASH
 from tidal.server.core import orders, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
@@ -53,6 +54,17 @@ class Reads:
         self._ranked = ranked
         self._started = time.monotonic()
         self._beside: set[asyncio.Task[None]] = set()  # reads of the tables, under way
+
+    def ping(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        conn.reply(msgid, "pong")
+
+    def partition_map(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        owners = self._engine.owners
+        if owners is not None:
+            conn.reply(msgid, owners.wire())
+        else:  # one node serves every user
+            one = {"cluster": None, "node": None, "partitions": 1, "hash": HASH}
+            conn.reply(msgid, {**one, "owners": [[None, 0]]})
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id = params.user_id(args[0])

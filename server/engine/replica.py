@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tidal.protocol import ErrorCode
+from tidal.protocol.methods import TABLE
 from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
 from tidal.server.core.feed import Change
@@ -23,6 +24,7 @@ from tidal.server.core.replies import Replier
 from tidal.server.core.tallies import Contribution
 from tidal.server.errors import RequestError
 
+from .feed import Feed
 from .state import EngineState
 
 log = logging.getLogger("tidal.engine")
@@ -144,6 +146,15 @@ class Replica:
             engine.feed.applied(events)
 
     # -- reads that span users ----------------------------------------------
+
+    def route(self, methods: dict[str, Handler], feed: Feed) -> None:
+        """Reads that span users, and cohort changes: each ``log`` method of the table is
+        decided against the log's end (``synced``), and so is a feed's subscription."""
+        feed.cluster = True
+        for method in TABLE:
+            if method.route == "log" and method.name != "subscribe":
+                methods[method.name] = self.synced(method.name, methods[method.name])
+        feed.resync = self.synced("subscribe", feed.synced_subscribe)
 
     def synced(self, method: str, handler: Handler) -> Handler:
         """``handler``, once the log has been read to its end after the request came."""
