@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
-import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Unpack
 
 from . import requests
 from .addresses import Addresses, Hosts
+from .connecting import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
+from .connecting import Connecting, ConnectOptions
 from .errors import (
     CallTimeout,
     ConnectFailed,
@@ -29,7 +30,6 @@ from .requests import Call
 from .subscription import DEAD_AFTER, Subscription
 from .transport import ClientProtocol, moved, open_any, request
 
-DEFAULT_TIMEOUT = 30.0
 #: After a dropped connection: this many tries, waiting 0.05 s, then twice as long each time.
 RECONNECT_ATTEMPTS = 7
 RECONNECT_FIRST_DELAY = 0.05
@@ -75,26 +75,20 @@ class Client(AsyncFace, Commands):
         host: Hosts = "127.0.0.1",
         port: int = 7411,
         *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        token: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        auto_keys: bool = False,
         reconnect: int = RECONNECT_ATTEMPTS,
+        **options: Unpack[ConnectOptions],
     ) -> Client:
-        """Connect; ``timeout`` bounds the connect and is each call's default timeout.
-
-        With ``token``, the connection authenticates first (``Unauthorized`` if refused).
-        With ``ssl`` (e.g. ``ssl.create_default_context(cafile=...)``), it speaks TLS.
-        With ``auto_keys``, every signal gets an idempotency key, so that every signal
-        in flight when a connection drops is retried safely. ``reconnect`` is how many
-        times a call tries to reconnect (0.05 s apart, doubling) before ``ConnectionLost``.
+        """Connect, with ``options`` (``timeout``, ``token``, ``ssl``, ``auto_keys``: see
+        ``ConnectOptions``). ``reconnect`` is how many times a call tries to reconnect
+        (0.05 s apart, doubling) before ``ConnectionLost``.
 
         ``host`` may name several servers, an active tidal and its standbys: ``"h1,h2:7412"``
         or ``[("h1", 7411), ("h2", 7411)]``. The client then uses the one whose health is
         ok, and moves to another when its connection drops or it answers as a standby.
         """
-        dial = functools.partial(open_any, Addresses(host, port), timeout, token, ssl)
-        return cls(await dial(), dial, timeout, auto_keys, reconnect)
+        c = Connecting(**options)
+        dial = functools.partial(open_any, Addresses(host, port), c.timeout, c.token, c.ssl)
+        return cls(await dial(), dial, c.timeout, c.auto_keys, reconnect)
 
     @property
     def is_closed(self) -> bool:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ssl as ssl_module
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, Unpack
 
 from . import routing
 from .addresses import Hosts
-from .client import DEFAULT_TIMEOUT, Client
+from .client import Client
+from .connecting import Connecting, ConnectOptions
 from .errors import ConnectionLost, TidalError
 from .faces import AsyncFace, Commands
 from .plans import Options
@@ -58,8 +58,8 @@ def whole(acks: list[SignalAck | None], failed: list[BaseException]) -> list[Sig
 class ClusterClient(AsyncFace, Commands):
     """``async with await ClusterClient.connect("h1:7411,h2:7411") as c: await c.leave(42)``"""
 
-    def __init__(self, first: Client, router: Router, options: dict[str, Any]) -> None:
-        self.options = Options(options["auto_keys"])
+    def __init__(self, first: Client, router: Router, options: ConnectOptions) -> None:
+        self.options = Options(options.get("auto_keys", False))
         self._any = first
         self.router = router
         self._options = options
@@ -71,17 +71,12 @@ class ClusterClient(AsyncFace, Commands):
         cls,
         host: Hosts = "127.0.0.1",
         port: int = 7411,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        token: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        auto_keys: bool = False,
+        **options: Unpack[ConnectOptions],
     ) -> ClusterClient:
         """``host`` names one node or several (``Client.connect``'s forms); the others are
-        found from the partition map, each connected to when first needed."""
-        options: dict[str, Any] = {
-            "timeout": timeout, "token": token, "ssl": ssl, "auto_keys": auto_keys,
-        }  # fmt: skip
+        found from the partition map, each connected to when first needed, with the same
+        ``options`` (``ConnectOptions``)."""
+        options = Connecting(**options).options()
         first = await Client.connect(host, port, **options)
         try:
             router = Router(await first.call("partition_map"))

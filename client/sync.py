@@ -8,16 +8,16 @@ threads, at the price of no pipelining: use the asyncio client for that).
 from __future__ import annotations
 
 import functools
-import ssl as ssl_module
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Unpack
 
 from . import requests
 from .addresses import Addresses, Hosts
 from .blocking import Link
-from .client import DEFAULT_TIMEOUT, RECONNECT_ATTEMPTS, RECONNECT_FIRST_DELAY, RETRIES
+from .client import RECONNECT_ATTEMPTS, RECONNECT_FIRST_DELAY, RETRIES
+from .connecting import Connecting, ConnectOptions
 from .errors import (
     CallTimeout,
     ConnectFailed,
@@ -40,17 +40,16 @@ class SyncClient(SyncFace, Commands):
         host: Hosts = "127.0.0.1",
         port: int = 7411,
         *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        token: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        auto_keys: bool = False,
         reconnect: int = RECONNECT_ATTEMPTS,
+        **options: Unpack[ConnectOptions],
     ) -> None:
-        self._timeout = timeout
-        self.options = Options(auto_keys)
+        """``options``: ``ConnectOptions``; ``reconnect`` as ``Client.connect`` takes it."""
+        c = Connecting(**options)
+        self._timeout = c.timeout
+        self.options = Options(c.auto_keys)
         self._reconnect_attempts = reconnect
         self._lock = threading.Lock()
-        self._new_link = functools.partial(Link, Addresses(host, port), timeout, token, ssl)
+        self._new_link = functools.partial(Link, Addresses(host, port), c.timeout, c.token, c.ssl)
         self._link = self._new_link()
         self._closed = False
         with self._lock:

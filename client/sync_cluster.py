@@ -6,16 +6,15 @@ each one durable unit on its node."""
 from __future__ import annotations
 
 import contextlib
-import ssl as ssl_module
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from . import routing
 from .addresses import Hosts
-from .client import DEFAULT_TIMEOUT
 from .cluster import NODE_RECONNECTS, whole
+from .connecting import Connecting, ConnectOptions
 from .errors import ConnectionLost, TidalError
 from .faces import Commands, SyncFace
 from .plans import Options
@@ -34,16 +33,12 @@ class SyncClusterClient(SyncFace, Commands):
         self,
         host: Hosts = "127.0.0.1",
         port: int = 7411,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        token: str | None = None,
-        ssl: ssl_module.SSLContext | None = None,
-        auto_keys: bool = False,
+        **options: Unpack[ConnectOptions],
     ) -> None:
-        self._options: dict[str, Any] = {
-            "timeout": timeout, "token": token, "ssl": ssl, "auto_keys": auto_keys,
-        }  # fmt: skip
-        self.options = Options(auto_keys)
+        """``options``: ``ConnectOptions``, the same for every node's connection."""
+        c = Connecting(**options)
+        self._options = c.options()
+        self.options = Options(c.auto_keys)
         self._any = SyncClient(host, port, **self._options)
         self._nodes: dict[str, SyncClient] = {}
         self._lock = threading.Lock()

@@ -16,6 +16,7 @@ import pytest
 from tidal.client import (
     CallTimeout,
     Client,
+    ClusterClient,
     ConnectFailed,
     ConnectionLost,
     InvalidArgument,
@@ -24,6 +25,8 @@ from tidal.client import (
     RequestTooLarge,
     ServerError,
     Signal,
+    SyncClient,
+    SyncClusterClient,
     TidalError,
 )
 from tidal.client.addresses import Address, Hosts, parse
@@ -272,3 +275,17 @@ def test_a_client_takes_one_address_or_several(hosts: Hosts, expected: list[Addr
 def test_a_bad_address_list_names_the_rule(hosts: Hosts, rule: str) -> None:
     with pytest.raises(InvalidArgument, match=re.escape(rule)):
         parse(hosts, 7411)
+
+
+async def test_a_misspelt_connect_option_is_a_type_error_in_every_face() -> None:
+    """The faces share their options (``ConnectOptions``): a name none of them takes is
+    refused before anything is dialled, as a keyword a function does not take is."""
+    bad = {"tiemout": 3}
+    with pytest.raises(TypeError, match="tiemout"):
+        await Client.connect("127.0.0.1", 1, **bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tiemout"):
+        await ClusterClient.connect("127.0.0.1", 1, **bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tiemout"):
+        SyncClient("127.0.0.1", 1, **bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tiemout"):
+        SyncClusterClient("127.0.0.1", 1, **bad)  # type: ignore[arg-type]
