@@ -104,7 +104,7 @@ TABLE: Final[tuple[Method, ...]] = (
         "leave",
         "From now on the user's signals reach the ledger only; with purge, their past is"
         " withdrawn too.",
-        (_USER, Param("options", s.obj({"purge": {"type": "boolean"}}), "purge: bool", {})),
+        (_USER, Param("options", s.LEAVE_OPTIONS, "purge: bool", {})),
         s.MEMBERSHIP,
         "membership",
         writes=True,
@@ -264,7 +264,7 @@ TABLE: Final[tuple[Method, ...]] = (
         "left_users",
         "The Left users in user_id order, a page at a time.",
         (
-            Param("after", s.nullable(s.USER_ID), "the next of the previous page", None),
+            Param("after", s.AFTER_USER, "the next of the previous page", None),
             Param("limit", s.LEFT_LIMIT, "users at most", 1000),
         ),
         s.LEFT_USERS,

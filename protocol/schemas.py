@@ -250,3 +250,6 @@ MAP: Final[Schema] = {"type": "object"}
 BOUNDED_BATCH: Final = (1, MAX_BATCH)
 HISTORY_LIMIT: Final[Schema] = {"type": "integer", "minimum": 1, "maximum": MAX_HISTORY}
 LEFT_LIMIT: Final[Schema] = {"type": "integer", "minimum": 1, "maximum": MAX_LEFT_USERS}
+#: ``left_users``'s ``after``: the last user of the previous page, or nil
+AFTER_USER: Final[Schema] = nullable(USER_ID)
+LEAVE_OPTIONS: Final[Schema] = obj({"purge": {"type": "boolean"}})

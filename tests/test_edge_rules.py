@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import jsonschema
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +26,8 @@ from tidal.protocol.limits import (
     USER_ID_MAX,
     WEIGHT_MAX,
 )
-from tidal.protocol.methods import BY_NAME
-from tidal.server.core import params
+from tidal.protocol.methods import BY_NAME, TABLE
+from tidal.server.core import edge, params
 from tidal.server.core.signals import signal_batch, single_signal
 from tidal.server.errors import InvalidParams
 
@@ -138,3 +139,34 @@ def test_the_signal_path_accepts_exactly_what_the_rules_and_the_table_accept(
         # (and a weight that is a number: JSON has no NaN, which MessagePack can carry)
         by_table = all(s.is_valid(v) for v, s in zip(plain, SIGNAL_SCHEMAS, strict=False))
         assert by_table == _accepts(single_signal, plain), plain
+
+
+#: the params whose rule needs what only their handler knows (the reply budget)
+HANDLER_CHECKED = {("history", "limit"), ("left_users", "limit"), ("cohorts", "page"),
+                   ("counts", "page")}  # fmt: skip
+
+
+def test_every_param_is_checked_at_the_edge_or_by_its_handler_as_declared() -> None:
+    """A method's params are checked at the edge by their shapes' rules (``core.edge``):
+    a param of a shape with no rule is a param nobody checks, unless its handler says so
+    here. The methods that read theirs as sent (the hot path, ``top``) are apart."""
+    for method in TABLE:
+        if method.name in edge.AS_SENT:
+            continue
+        for param in method.params:
+            ruled = id(param.schema) in edge.RULES
+            by_handler = (method.name, param.name) in HANDLER_CHECKED
+            assert ruled != by_handler, (method.name, param.name, ruled)
+
+
+def test_the_edge_completes_params_with_the_table_defaults_parsed() -> None:
+    edges = edge.edges()
+    assert edges["leave"].parse([7]) == [7, False]
+    assert edges["leave"].parse([7, {"purge": True}]) == [7, True]
+    assert edges["history"].parse([2**64 - 1]) == [2**64 - 1, 100, 0]
+    assert edges["subscribe"].parse([]) == [(None, None)]
+    assert edges["left_users"].parse([None]) == [None, 1000]
+    with pytest.raises(InvalidParams, match=r"^after: must be an integer in 0\.\.2\*\*64-1"):
+        edges["left_users"].parse([-1])
+    with pytest.raises(InvalidParams, match=r"^options\.purge: must be true or false"):
+        edges["leave"].parse([7, {"purge": 1}])

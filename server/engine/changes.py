@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tidal.server.core import feed, params
+from tidal.server.core import feed
 from tidal.server.core.asks import CohortAsk
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change
@@ -31,8 +31,7 @@ class Changes:
         self._last_event_ns = last_event_ns
 
     def leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        user_id = params.user_id(args[0])
-        purge = params.leave_options(args[1]) if len(args) > 1 else False
+        user_id, purge = args  # checked and parsed at the edge (``core.edge``), as below
         batch = self._e.committer.writable()
         if self._e.owners is not None:
             self._e.owners.check(user_id, batch)
@@ -57,7 +56,7 @@ class Changes:
         self._e.past.ask(w, join, conn, msgid, Outcome(w, membership, saved, batch), saved)
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        user_id = params.user_id(args[0])
+        user_id: int = args[0]
         batch = self._e.committer.writable()
         if self._e.owners is not None:
             self._e.owners.check(user_id, batch)
@@ -71,7 +70,7 @@ class Changes:
             self._e.committer.answer(conn, msgid, self._e.members.status(user_id).wire())
 
     def purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        user_id = params.user_id(args[0])
+        user_id: int = args[0]
         self._e.committer.writable()  # refused now, if writes are
         if self._e.owners is not None:  # checked again as it joins its batch (``past``)
             self._e.owners.check(user_id)
@@ -86,7 +85,7 @@ class Changes:
     def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Right to erasure: the rows go, with all they added; the user stays Left, so
         that a stale client's later signals are gated (kept as the ledger's only)."""
-        user_id = params.user_id(args[0])
+        user_id: int = args[0]
         batch = self._e.committer.writable()
         if self._e.owners is not None:
             self._e.owners.check(user_id, batch)
@@ -132,8 +131,7 @@ class Changes:
         batch.changes.append(change)
 
     def define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        name = params.cohort_name(args[0])
-        predicate = params.predicate(args[1])
+        name, predicate = args
         batch = self._e.committer.writable()
         if self._e.owners is not None:
             self._ask(conn, msgid, batch, name, predicate)
@@ -144,7 +142,7 @@ class Changes:
             self._e.committer.answer(conn, msgid, True)
 
     def drop_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        name = params.cohort_name(args[0])
+        name: str = args[0]
         batch = self._e.committer.writable()
         if self._e.owners is not None:
             self._ask(conn, msgid, batch, name, None)

@@ -10,6 +10,7 @@ from typing import Any
 
 from tidal.protocol.methods import BY_NAME
 from tidal.protocol.openrpc import document
+from tidal.server.core.edge import Edge, edges
 from tidal.server.core.replies import Replier
 from tidal.server.version import VERSION
 
@@ -34,8 +35,10 @@ def handlers(own: dict[str, Handler], *objects: object) -> dict[str, Handler]:
     return found
 
 
-def dispatch(served: dict[str, Handler]) -> dict[str, tuple[Handler, int, int]]:
-    """Each handler with the least and the most params its method takes."""
+def dispatch(served: dict[str, Handler]) -> dict[str, tuple[Handler, int, int, Edge | None]]:
+    """Each handler with the least and the most params its method takes, and its edge: the
+    rules its params are checked and parsed by before it runs (None: it reads them as sent,
+    or takes none)."""
     declared = set(BY_NAME) - CONNECTION_METHODS
     if set(served) != declared:
         raise RuntimeError(
@@ -43,7 +46,11 @@ def dispatch(served: dict[str, Handler]) -> dict[str, tuple[Handler, int, int]]:
             f" {sorted(declared - set(served))}; handled, not declared:"
             f" {sorted(set(served) - declared)}"
         )
-    return {name: (h, BY_NAME[name].least, BY_NAME[name].most) for name, h in served.items()}
+    edge = edges()
+    return {
+        name: (h, BY_NAME[name].least, BY_NAME[name].most, edge.get(name))
+        for name, h in served.items()
+    }
 
 
 @cache

@@ -180,10 +180,10 @@ class Engine:
             entry = self._dispatch.get(method)
             if entry is None:
                 raise MethodNotFound(f"method not found: {method!r}")
-            handler, least, most = entry
+            handler, least, most, edge = entry
             if not least <= len(args) <= most:
                 params.arity_of(method, args)
-            handler(conn, msgid, args)
+            handler(conn, msgid, args if edge is None else edge.parse(args))
         except RequestError as exc:
             conn.reply_error(msgid, exc.code, str(exc))
         except Exception:

@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgpack
 
 from tidal.protocol import ErrorCode, notification_head
-from tidal.server.core import feed, params
+from tidal.server.core import feed
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change, FeedRead
 from tidal.server.core.replies import Replier
@@ -106,7 +106,7 @@ class Feed:
         self._subscribe(conn, msgid, args, synced=True)
 
     def _subscribe(self, conn: Replier, msgid: int | None, args: list[Any], synced: bool) -> None:
-        after, names = params.subscribe_options(args[0] if args else {})
+        after, names = args[0]  # checked and parsed at the edge (``core.edge``)
         if conn in self._subs:
             raise InvalidParams("subscribe: this connection is subscribed already; unsubscribe")
         if after is not None and after > self.last_id:

@@ -20,7 +20,6 @@ from typing import Any
 
 from tidal.protocol import ErrorCode
 from tidal.protocol.limits import (
-    ENTITY_MAX_BYTES,
     HISTORY_LINE_BYTES,
     LEFT_USER_BYTES,
     MAX_COHORTS,
@@ -67,14 +66,14 @@ class Reads:
             conn.reply(msgid, {**one, "owners": [[None, 0]]})
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        user_id = params.user_id(args[0])
+        user_id: int = args[0]  # checked and parsed at the edge (``core.edge``), as below
         if self._engine.owners is not None:
             self._engine.owners.check(user_id)
         status = self._engine.members.status(user_id)
         self._engine.committer.answer(conn, msgid, status.wire())
 
     def cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        if args:
+        if args[0] is not None:
             page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
             after = page.get("after")
             if after is not None:
@@ -88,11 +87,9 @@ class Reads:
         conn.flush()  # a large reply made now must meet the peer's flow control at once
 
     def counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        entity = params.text(args[0], "entity", ENTITY_MAX_BYTES)
+        entity: str = args[0]
         most = self._engine.reply_budget // SLOT_REPLY_BYTES
-        page = params.page(
-            args[1] if len(args) > 1 else None, "counts", ("after", "limit", "window"), most
-        )
+        page = params.page(args[1], "counts", ("after", "limit", "window"), most)
         after = params.cursor(page["after"]) if page.get("after") is not None else None
         window = ranking.window_option(page["window"]) if "window" in page else -1
         limit = page.get("limit", most)
@@ -100,10 +97,9 @@ class Reads:
 
     def history(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A user's leaves, rejoins, purges and erasures, oldest first, after ``after_ns``."""
-        user_id = params.user_id(args[0])
+        user_id, limit, after_ns = args
         most = min(MAX_HISTORY, self._engine.reply_budget // HISTORY_LINE_BYTES)
-        limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(100, most)
-        after_ns = params.time_ns(args[2], "after_ns") if len(args) > 2 else 0
+        limit = params.limit(limit, "limit", most)  # bounded by the reply budget too
         if self._engine.owners is not None:
             self._engine.owners.check(user_id)
         if msgid is None:
@@ -120,9 +116,9 @@ class Reads:
 
     def left_users(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """A page of Left users in user_id order: for audits and for reconciling a copy."""
-        after = params.user_id(args[0], "after") if args and args[0] is not None else None
+        after, limit = args
         most = min(MAX_LEFT_USERS, self._engine.reply_budget // LEFT_USER_BYTES)
-        limit = params.limit(args[1], "limit", most) if len(args) > 1 else min(1000, most)
+        limit = params.limit(limit, "limit", most)  # bounded by the reply budget too
         if msgid is None:
             conn.reply(None, None)
             return
