@@ -14,8 +14,8 @@ import msgpack
 import pytest
 
 from tidal.client import Client, ClusterClient
-from tidal.server import cluster
 from tidal.server.app import Server
+from tidal.server.cluster import node as cluster
 from tidal.server.config import Config
 from tidal.testing.postgres import free_port
 

@@ -34,7 +34,6 @@ from tidal.server.core import shares, snapshot
 from tidal.server.core.owners import Owners
 from tidal.server.core.snapshot import rows as snapshot_rows
 from tidal.server.engine.engine import Engine
-from tidal.server.follow import Follower
 from tidal.server.logs import Throttle
 from tidal.server.storage.interface import Snapshot, Storage
 from tidal.server.storage.postgres import blocks
@@ -42,6 +41,8 @@ from tidal.server.storage.postgres import cluster as tables
 from tidal.server.storage.postgres.lock import AdvisoryLock
 from tidal.server.storage.postgres.runner import PgStorage
 from tidal.server.storage.postgres.session import close_quietly
+
+from .follow import Follower
 
 log = logging.getLogger("tidal.cluster")
 _trouble = Throttle(log)
