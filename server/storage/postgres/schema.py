@@ -133,6 +133,59 @@ MIGRATIONS: Final[list[list[str]]] = [
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 
 
+#: cluster mode's tables (``cluster``), migrated as the database's are (``steps``). The
+#: first five steps are idempotent: clusters made before this list was versioned run them
+#: again, harmlessly
+CLUSTER_MIGRATIONS: Final[list[list[str]]] = [
+    [
+        """CREATE TABLE IF NOT EXISTS tidal_cluster (
+            name TEXT PRIMARY KEY,
+            partitions INT NOT NULL,
+            hash TEXT NOT NULL,
+            next_block BIGINT NOT NULL,  -- the next block of seqs a node may take
+            log_id BIGINT NOT NULL DEFAULT 0,  -- the commit log's last id (``core.log``)
+            cohorts BIGINT NOT NULL DEFAULT 0,  -- cohort changes committed: their version
+            events BIGINT NOT NULL DEFAULT 0  -- the change feed's last event id
+        )""",
+        """CREATE TABLE IF NOT EXISTS tidal_log (
+            id BIGINT PRIMARY KEY,
+            node TEXT NOT NULL,
+            record BYTEA NOT NULL  -- msgpack: what the commit added to the board, cohort changes
+        )""",
+        """CREATE TABLE IF NOT EXISTS tidal_nodes (
+            node TEXT PRIMARY KEY,  -- its --advertise address
+            lock_class BIGINT NOT NULL,  -- the advisory lock its writer holds while alive
+            lock_key BIGINT NOT NULL
+        )""",
+    ],
+    ["ALTER TABLE tidal_nodes ADD COLUMN IF NOT EXISTS applied BIGINT NOT NULL DEFAULT 0"],
+    [
+        # a batch of signals only: its ledger rows' columns, its record empty (``core.log``):
+        # the log's second form, which a node of an earlier tidal cannot read
+        "ALTER TABLE tidal_cluster ADD COLUMN IF NOT EXISTS log_format INT NOT NULL DEFAULT 1",
+        """ALTER TABLE tidal_log ADD COLUMN IF NOT EXISTS entities TEXT[],
+            ADD COLUMN IF NOT EXISTS kinds TEXT[], ADD COLUMN IF NOT EXISTS weights FLOAT8[],
+            ADD COLUMN IF NOT EXISTS ts BIGINT[], ADD COLUMN IF NOT EXISTS ats BIGINT[],
+            ADD COLUMN IF NOT EXISTS forwarded SMALLINT[],
+            ADD COLUMN IF NOT EXISTS contexts BYTEA[]""",
+    ],
+    [
+        """CREATE TABLE IF NOT EXISTS tidal_checkpoints (
+            node TEXT PRIMARY KEY,
+            log_id BIGINT NOT NULL,  -- the last log record the board holds
+            at_ns BIGINT NOT NULL,
+            board BYTEA NOT NULL  -- ``core.snapshot``
+        )""",
+    ],
+    [
+        """CREATE TABLE IF NOT EXISTS tidal_partitions (
+            part INT PRIMARY KEY,
+            epoch BIGINT NOT NULL,  -- bumped by each take: what every write transaction checks
+            node TEXT  -- the node that took it last; NULL once handed over
+        )""",
+    ],
+]
+
 #: pg_advisory_lock's key while cluster nodes migrate, one at a time: "tidm"
 _MIGRATING: Final = (0x7469_646D, 0)
 
