@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
 from tidal.protocol.schemas import WINDOW_ALIASES, WINDOWS
+from tidal.server import kinds
 from tidal.server.config import Config
+from tidal.server.kinds import Range
 from tidal.server.version import VERSION, build
 
 from . import calls, cluster, commands, watch
@@ -24,6 +27,7 @@ from .settings import (
     Settings,
     client_options,
     resolve_token,
+    rule,
     serve_options,
 )
 from .workload import WORKLOADS
@@ -71,7 +75,7 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     for name, text in (("status", "a user's membership"), ("stats", "the server's figures")):
         sub = commands.add_parser(name, help=f"print {text}, readably")
         if name == "status":
-            sub.add_argument("user_id", type=int)
+            sub.add_argument("user_id", type=USER_ID, help="0 to 2**64-1")
         sub.add_argument("--json", action="store_true", help="print the reply as one JSON object")
         client_options(settings, sub)
     top = commands.add_parser(
@@ -92,7 +96,12 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     top.add_argument("--window", choices=WINDOWS[1:] + tuple(WINDOW_ALIASES) + WINDOWS[:1],
                      help="(default all)")  # fmt: skip
     top.add_argument("--half-life", help="with --by trend: one of the server's --trend-half-lives")
-    top.add_argument("--limit", type=int, default=10, help="entities, 1..1000 (default 10)")
+    top.add_argument(
+        "--limit",
+        type=rule(kinds.count, Range(1, 1000)),
+        default=10,
+        help="entities, 1..1000 (default 10)",
+    )
     top.add_argument(
         "--after",
         help="the next page: the 'next' that --json printed for the page before (base64)",
@@ -124,11 +133,19 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         " its first USERS*F users leave first.",
     )
     client_options(settings, bench, tls=False)
-    bench.add_argument("--clients", "-c", type=int, default=50, help="connections (default 50)")
     bench.add_argument(
-        "--pipeline", "-P", type=int, default=1, help="requests in flight per connection (1)"
+        "--clients", "-c", type=_some(10_000), default=50, help="connections (default 50)"
     )
-    bench.add_argument("--requests", "-n", type=int, default=100_000, help="total (100000)")
+    bench.add_argument(
+        "--pipeline",
+        "-P",
+        type=_some(100_000),
+        default=1,
+        help="requests in flight per connection (1)",
+    )
+    bench.add_argument(
+        "--requests", "-n", type=_some(10**9), default=100_000, help="total (100000)"
+    )
     bench.add_argument(
         "--workload",
         choices=WORKLOADS,
@@ -137,15 +154,24 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         " with the compact ack; top, top_window (24h) and top_trend: the top 10 of"
         " community bench:c0 (default signal)",
     )
-    bench.add_argument("--batch-size", type=int, default=1000, help="signals per batch (1000)")
-    bench.add_argument("--users", type=int, default=100_000, help="distinct users (100000)")
-    bench.add_argument("--entities", type=int, default=1000, help="distinct entities (1000)")
     bench.add_argument(
-        "--left-fraction", type=float, default=0.0, help="share of users who leave first (0)"
+        "--batch-size", type=_some(100_000), default=1000, help="signals per batch (1000)"
+    )
+    bench.add_argument(
+        "--users", type=_some(2**40), default=100_000, help="distinct users (100000)"
+    )
+    bench.add_argument(
+        "--entities", type=_some(10**9), default=1000, help="distinct entities (1000)"
+    )
+    bench.add_argument(
+        "--left-fraction",
+        type=rule(kinds.number, Range(0, 1)),
+        default=0.0,
+        help="share of users who leave first, 0 to 1 (0)",
     )
     bench.add_argument(
         "--server-pid",
-        type=int,
+        type=_some(2**31),
         help="the server's process id, when it runs here: its CPU time per signal is reported",
     )
     bench.add_argument(
@@ -172,7 +198,23 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     return parser, settings
 
 
+USER_ID = rule(kinds.count, Range(0, 2**64 - 1))
+
+
+def _some(most: int) -> Any:
+    """A count from 1 to ``most``."""
+    return rule(kinds.count, Range(1, most))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # `tidal stats | head`: the reader left, which is no mistake
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, settings = _parser()
     args = parser.parse_args(argv)
@@ -207,9 +249,9 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("tidal.server").warning("%s", TOKEN_SEEN)
     # every field is a flag; an empty value (TIDAL_TLS_CERT=) means unset
     given: dict[str, Any] = {}
-    for f in fields(Config):
+    for f in fields(Config):  # an optional setting given empty is off; others keep their rule
         value = getattr(args, f.name)
-        given[f.name] = None if value == "" else value
+        given[f.name] = None if value == "" and f.default is None else value
     config = Config(**given)
     try:
         return run(config)

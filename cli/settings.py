@@ -10,10 +10,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields
-from typing import Any, NamedTuple, NoReturn, get_args
+from typing import Any, NamedTuple, NoReturn
 
-from tidal.server.config import Config, duration, env, flag
+from tidal.server import kinds
+from tidal.server.config import Config, env, flag, half_lives
 from tidal.server.host import parse_size
+from tidal.server.kinds import Range
 
 
 class Setting(NamedTuple):
@@ -57,7 +59,7 @@ class Settings:
             default=argparse.SUPPRESS,
             type=convert,
             choices=choices,
-            help=f"{text} (env {env}; default {shown})",
+            help=f"{text} (env {env}; default {shown})".replace("%", "%%"),  # argparse's %
         )
         spec = Setting(action.dest, flag, env, default, convert, choices)
         self.by_command.setdefault(parser.prog.split()[-1], []).append(spec)
@@ -66,7 +68,9 @@ class Settings:
         for spec in self.by_command.get(args.command, ()):
             if hasattr(args, spec.dest):
                 continue
-            raw = os.environ.get(spec.env)
+            # an empty variable is unset: a compose file's ${TIDAL_HOST} with nothing behind
+            # it must not mean an empty host, which binds every interface
+            raw = os.environ.get(spec.env) or None
             if raw is None:
                 value = None if spec.default is None else spec.convert(spec.default)
             else:
@@ -97,34 +101,39 @@ def _lower(value: str) -> str:
 
 
 def _rule(exc: Exception) -> str:
-    if isinstance(exc, argparse.ArgumentTypeError):
-        return str(exc)
-    return "must be a number" if "float" in str(exc) else "must be an integer"
+    return str(exc)
 
 
-def port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be an integer, got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {port}")
-    return port
+def rule(parse: Callable[[str], Any], bounds: Range | None = None, unit: str = "") -> Any:
+    """An argparse ``type`` from a kind's rule (``tidal.server.kinds``) and its range: the
+    value refused in the rule's words, which argparse puts after the flag's name."""
 
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+            if bounds is not None:
+                kinds.within(value, bounds, unit)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return value
 
-def _duration(value: str) -> float:
-    try:
-        return duration(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = parse.__name__  # argparse names it in "invalid ... value"
+    return convert
 
 
 def _size(value: str) -> str:
-    try:
-        parse_size(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    parse_size(value)
     return value
+
+
+def _half_lives(value: str) -> str:
+    half_lives(value)
+    return value
+
+
+port = rule(kinds.port)
+#: a client's --timeout: some time, and not so long that asyncio's timers refuse it
+timeout = rule(kinds.duration, Range(0, 86400, above=True), "s")
 
 
 def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
@@ -143,8 +152,10 @@ def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
         else:
             assert f.default is not MISSING
             default = None if f.default is None else str(f.default)
-            converters = {"port": port, "duration": _duration, "size": _size}
-            convert = converters.get(kind) or _base_type(f.type)
+            bounds = f.metadata["bounds"]
+            convert = _converter(kind, bounds)
+            if bounds is not None:
+                text += f"; {bounds.words('s' if kind == 'duration' else '')}"
             settings.add(
                 parser,
                 flag(f.name),
@@ -156,12 +167,21 @@ def serve_options(settings: Settings, parser: argparse.ArgumentParser) -> None:
             )
 
 
-def _base_type(annotation: Any) -> Callable[[str], Any]:
-    """int, float or str, from a field's annotation (a string under postponed evaluation)."""
-    for name, kind in (("float", float), ("int", int)):
-        if str(annotation).startswith(name) or name in get_args(annotation):
-            return kind
-    return str
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "count": kinds.count,
+    "duration": kinds.duration,
+    "port": kinds.port,
+    "size": _size,
+    "half-lives": _half_lives,
+    "address": kinds.address,
+    "path": kinds.path,
+}
+
+
+def _converter(kind: str, bounds: Range | None) -> Callable[[str], Any]:
+    if kind not in _PARSERS:
+        return str
+    return rule(_PARSERS[kind], bounds, "s" if kind == "duration" else "")  # type: ignore[no-any-return]
 
 
 def token_options(settings: Settings, parser: argparse.ArgumentParser, text: str) -> None:
@@ -189,7 +209,9 @@ def client_options(
     settings.add(parser, "--port", "TIDAL_PORT", "7411", "the server's port", type=port, short="-p")
     token_options(settings, parser, "send auth(token) first")
     if tls:  # bench makes its own connections: it takes no --timeout and no TLS
-        parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+        parser.add_argument(
+            "--timeout", type=timeout, default=10.0, help="seconds, up to 1d (default 10)"
+        )
         settings.add(
             parser, "--tls-ca", "TIDAL_TLS_CA", None, "connect with TLS, trusting this CA file"
         )

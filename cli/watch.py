@@ -9,6 +9,12 @@ import ssl
 import sys
 
 from tidal.protocol.limits import FEED_EVENTS
+from tidal.server import kinds
+from tidal.server.kinds import Range
+
+from .settings import rule
+
+EVENT_ID = rule(kinds.count, Range(0, 2**63 - 1))
 
 
 def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -21,7 +27,9 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> argpar
         " the events after --from are no longer kept (--event-retention), 2 when the server"
         " cannot be reached.",
     )
-    watch.add_argument("--from", dest="from_id", type=int, help="replay the events after this id")
+    watch.add_argument(
+        "--from", dest="from_id", type=EVENT_ID, help="replay the events after this id"
+    )
     watch.add_argument(
         "--events", help=f"only these, comma-separated: {','.join(FEED_EVENTS)} (default all)"
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
-from tidal.protocol.limits import MAX_PREDICATE_BYTES, MIN_MESSAGE_SIZE
+from tidal.protocol.limits import MIN_MESSAGE_SIZE
 from tidal.protocol.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
@@ -22,6 +22,9 @@ from tidal.server.core.windows import parse_half_life
 
 from .errors import BadSettings
 from .host import parse_size
+from .kinds import DAY, MAX_SECONDS, Range, duration
+
+__all__ = ["Config", "duration", "env", "flag", "half_lives", "redact"]
 
 Durability = Literal["full", "normal"]
 LEVELS = ("debug", "info", "warning", "error")
@@ -29,34 +32,44 @@ LEVELS = ("debug", "info", "warning", "error")
 
 MAX_HALF_LIVES: Final = 8
 _NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: a duration that must be above 0: at least a millisecond, at most a day
+_SOME: Final = Range(0, DAY, above=True)
+#: the largest message a connection may take or send: msgpack's own lengths are 32-bit
+MAX_MESSAGE_SIZE: Final = 2**30
 
 
-def duration(text: str) -> float:
-    """Seconds, from ``30d``, ``12h``, ``90m``, ``45s`` or a plain number of seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text.lower())
-    if match is None:
-        raise ValueError(f"must be a duration such as 30d, 12h, 90m, 45s or 0, got {text!r}")
-    return float(match[1]) * _UNITS[match[2] or "s"]
-
-
-def _setting(default: Any, text: str, *, kind: str = "", choices: tuple[str, ...] = ()) -> Any:
-    """A field that is also a flag and an environment variable. ``kind``: "port" (0..65535),
-    "switch" (a flag without a value; the variable is set to anything but "" or "0"),
-    "secret" (given by the token options, never echoed), "duration" (``duration``),
-    "size" (``host.parse_size``)."""
-    return field(default=default, metadata={"help": text, "kind": kind, "choices": choices})
+def _setting(
+    default: Any,
+    text: str,
+    *,
+    kind: str = "",
+    choices: tuple[str, ...] = (),
+    bounds: Range | None = None,
+) -> Any:
+    """A field that is also a flag and an environment variable, parsed by the rule of its
+    ``kind`` (``tidal.server.kinds``): "count", "duration" (seconds, or 30d, 12h, 90m),
+    "size" (``host.parse_size``), "port", "address", "path"; "switch" (a flag without a
+    value; the variable is set to anything but "" or "0"); "secret" (given by the token
+    options, never echoed); "" (text). ``bounds``: the range a count or duration must be
+    in, which ``Config.check`` holds whatever gave the value."""
+    metadata = {"help": text, "kind": kind, "choices": choices, "bounds": bounds}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    host: str = _setting("127.0.0.1", "address to listen on")
+    host: str = _setting(
+        "127.0.0.1",
+        "address to listen on (0.0.0.0: every interface, which needs --token or --insecure)",
+        kind="address",
+    )
     port: int = _setting(7411, "TCP port, 0 for any free one", kind="port")
     db: str = _setting(
         "./tidal.db",
         "SQLite database file, or postgresql://user[:password]@host[:port]/dbname (the"
         " password may come from PGPASSWORD or --db-password-file instead; several hosts,"
         " h1:5432,h2:5432, with ?target_session_attrs=read-write, follow a failover)",
+        kind="path",
     )
     standby: bool = _setting(
         False,
@@ -78,15 +91,21 @@ class Config:
         DEFAULT_PARTITIONS,
         "with --cluster: partitions of a new cluster (fixed once it is made; a node joining"
         " one takes the cluster's number)",
+        kind="count",
+        bounds=Range(1, MAX_PARTITIONS),
     )
     db_idle_timeout: float = _setting(
         20.0,
         "PostgreSQL: seconds the writer's session may go silent (this tidal paused, or cut"
         " off) before the database ends it and lets a standby take over; tidal keeps it"
         " busy with a probe every quarter of this",
+        kind="duration",
+        bounds=Range(1, 3600),
     )
     db_password_file: str | None = _setting(
-        None, "a file holding the PostgreSQL password (a mounted secret), read at start"
+        None,
+        "a file holding the PostgreSQL password (a mounted secret), read at start",
+        kind="path",
     )
     durability: Durability = _setting(
         "full",
@@ -100,70 +119,111 @@ class Config:
     insecure: bool = _setting(
         False, "allow listening beyond loopback without a token", kind="switch"
     )
-    tls_cert: str | None = _setting(None, "PEM certificate (chain): serve TLS only")
-    tls_key: str | None = _setting(None, "PEM key")
-    max_connections: int = _setting(10_000, "connections past this are told so and closed")
+    tls_cert: str | None = _setting(None, "PEM certificate (chain): serve TLS only", kind="path")
+    tls_key: str | None = _setting(None, "PEM key", kind="path")
+    max_connections: int = _setting(
+        10_000,
+        "connections past this are told so and closed",
+        kind="count",
+        bounds=Range(1, 1_000_000),
+    )
     idle_timeout: float = _setting(
-        300.0, "seconds before a silent connection with nothing in flight is closed"
+        300.0,
+        "seconds before a silent connection with nothing in flight is closed",
+        kind="duration",
+        bounds=_SOME,
     )
     message_timeout: float = _setting(
         30.0,
         "seconds a message may take to arrive whole before its connection is closed: a sender"
         " that stalls mid-message would otherwise hold what it sent until the idle timeout",
+        kind="duration",
+        bounds=_SOME,
     )
     backlog: int = _setting(
-        4096, "connections the kernel queues before they are accepted (capped by somaxconn)"
+        4096,
+        "connections the kernel queues before they are accepted (capped by somaxconn)",
+        kind="count",
+        bounds=Range(1, 65535),
     )
     max_inflight: int = _setting(
         4096,
         "requests and notifications applied but unanswered per connection before reading pauses",
+        kind="count",
+        bounds=Range(1, 1_000_000),
     )
     max_message_size: int = _setting(
         DEFAULT_MAX_MESSAGE_SIZE,
         "bytes; a larger message gets error 3 and its connection is closed",
+        kind="count",
+        # at least room for the largest single item a reply carries (a cohort)
+        bounds=Range(MIN_MESSAGE_SIZE, MAX_MESSAGE_SIZE),
     )
     max_output_buffer: int = _setting(
         16 * 1024 * 1024,
         "bytes of earlier replies still unread when new ones are ready, after which a client"
         " is disconnected",
+        kind="count",
+        bounds=Range(64 * 1024, 2**34),
     )
     shutdown_timeout: float = _setting(
-        10.0, "seconds a graceful shutdown may take before connections are cut"
+        10.0,
+        "seconds a graceful shutdown may take before connections are cut",
+        kind="duration",
+        bounds=_SOME,
     )
     checkpoint_signals: int = _setting(
         CHECKPOINT_SIGNALS,
         "aggregates are checkpointed after this many signals (boot replays the ledger since)",
+        kind="count",
+        bounds=Range(1, 10**9),
     )
     checkpoint_seconds: float = _setting(
         CHECKPOINT_SECONDS,
         "... or after this many seconds, whichever comes first (cluster mode: a node's board"
         " at most this often, once 500 commit log records are past the newest checkpoint)",
+        kind="duration",
+        bounds=_SOME,
     )
     idempotency_window: float = _setting(
         24 * 3600.0,
         "seconds for which a repeated idempotency key is answered with the first acknowledgement",
+        kind="duration",
+        bounds=Range(0, 365 * DAY),
     )
-    idempotency_max_keys: int = _setting(1_000_000, "idempotency keys kept, newest first")
+    idempotency_max_keys: int = _setting(
+        1_000_000,
+        "idempotency keys kept, newest first",
+        kind="count",
+        bounds=Range(0, 100_000_000),
+    )
     ledger_retention: float = _setting(
         0.0,
         "ledger rows older than this (30d, 12h, 90m, 45s) are deleted, a chunk at a time;"
         " aggregates keep counting them, but purge and erase no longer reach them. 0 keeps"
         " every row",
         kind="duration",
+        bounds=Range(0, MAX_SECONDS),
     )
     event_retention: float = _setting(
         30 * 86400.0,
         "change feed events older than this (30d, 12h, 90m, 45s) are deleted; a subscribe"
         " from an id before the oldest kept is refused. 0 keeps every event",
         kind="duration",
+        bounds=Range(0, MAX_SECONDS),
     )
     feed_heartbeat: float = _setting(
-        5.0, "seconds between heartbeats to each change feed subscriber"
+        5.0,
+        "seconds between heartbeats to each change feed subscriber",
+        kind="duration",
+        bounds=Range(0, 3600, above=True),
     )
     rewrite_chunk: int = _setting(
         REWRITE_CHUNK,
         "rows of a purged or erased user rewritten per commit, once the purge or erase has"
         " taken effect: fewer hold each commit less, and take more commits",
+        kind="count",
+        bounds=Range(1, 100_000),
     )
     memory_budget: str = _setting(
         "60%",
@@ -176,6 +236,7 @@ class Config:
         "6h",
         "the half-lives top may rank trends by, comma-separated (30m, 6h, 1d); each"
         " costs a float per aggregate",
+        kind="half-lives",
     )
     metrics_port: int | None = _setting(
         None, "serve Prometheus metrics at http://HOST:PORT/metrics", kind="port"
@@ -191,28 +252,13 @@ class Config:
     def check(self) -> None:
         """Refuse settings that could only fail later, on some connection."""
         rules = [
+            *self._bounds(),
             (
-                self.max_message_size >= MIN_MESSAGE_SIZE,
-                f"max_message_size: at least {MIN_MESSAGE_SIZE} bytes (room for the largest"
-                " single item a reply carries: a cohort, with its predicate of up to"
-                f" {MAX_PREDICATE_BYTES} bytes)",
+                bool(self.host and self.host.strip()),
+                "host: an address to listen on (0.0.0.0: every interface); an empty one is"
+                " not taken to mean every interface",
             ),
-            (self.max_inflight >= 1, "max_inflight: at least 1"),
-            (self.max_connections >= 1, "max_connections: at least 1"),
-            (self.max_output_buffer >= 64 * 1024, "max_output_buffer: at least 65536 bytes"),
-            (self.idle_timeout > 0, "idle_timeout: more than 0 seconds"),
-            (self.message_timeout > 0, "message_timeout: more than 0 seconds"),
-            (self.shutdown_timeout > 0, "shutdown_timeout: more than 0 seconds"),
-            (self.backlog >= 1, "backlog: at least 1"),
-            (self.idempotency_window >= 0, "idempotency_window: 0 seconds or more"),
-            (self.idempotency_max_keys >= 0, "idempotency_max_keys: 0 or more"),
-            (self.checkpoint_signals >= 1, "checkpoint_signals: at least 1"),
-            (self.checkpoint_seconds > 0, "checkpoint_seconds: more than 0"),
-            (self.ledger_retention >= 0, "ledger_retention: 0 (keep every row) or more"),
-            (self.event_retention >= 0, "event_retention: 0 (keep every event) or more"),
-            (self.feed_heartbeat > 0, "feed_heartbeat: more than 0 seconds"),
-            (1 <= self.rewrite_chunk <= 100_000, "rewrite_chunk: 1 to 100000 rows"),
-            (self.db_idle_timeout >= 1, "db_idle_timeout: at least 1 second"),
+            (bool(self.db and self.db.strip()), "db: a SQLite file's path or a postgresql:// URL"),
             (
                 not self.standby or self.db.startswith(("postgresql://", "postgres://")),
                 "standby: needs a PostgreSQL --db (a SQLite file is served by one process on"
@@ -235,6 +281,17 @@ class Config:
         broken = [rule for ok, rule in rules if not ok]
         if broken:
             raise BadSettings("invalid settings: " + "; ".join(broken))
+
+    def _bounds(self) -> list[tuple[bool, str]]:
+        """Each count and duration within its range (one place for all of them: a Config
+        built in code is held to the same ranges as the flags)."""
+        rules = []
+        for f in fields(self):
+            bounds, value = f.metadata["bounds"], getattr(self, f.name)
+            if bounds is not None and not (isinstance(value, (int, float)) and bounds.holds(value)):
+                unit = "s" if f.metadata["kind"] == "duration" else ""
+                rules.append((False, f"{f.name}: must be {bounds.words(unit)}, got {value!r}"))
+        return rules
 
     def _cluster_rules(self) -> list[tuple[bool, str]]:
         if self.cluster is None:
@@ -263,10 +320,7 @@ class Config:
 
     def half_lives(self) -> list[int]:
         """``trend_half_lives`` in seconds, each once, in the order given."""
-        listed = [part.strip() for part in self.trend_half_lives.split(",")]
-        if not 1 <= len(listed) <= MAX_HALF_LIVES:
-            raise ValueError(f"1 to {MAX_HALF_LIVES} half-lives, comma-separated")
-        return list(dict.fromkeys(parse_half_life(part) for part in listed))
+        return half_lives(self.trend_half_lives)
 
     def __repr__(self) -> str:  # the token must never reach a log
         shown = ", ".join(
@@ -277,6 +331,14 @@ class Config:
             )
         )
         return f"Config({shown})"
+
+
+def half_lives(text: str) -> list[int]:
+    """Half-lives in seconds from ``30m,6h``: each once, in the order given."""
+    listed = [part.strip() for part in text.split(",")]
+    if not 1 <= len(listed) <= MAX_HALF_LIVES:
+        raise ValueError(f"1 to {MAX_HALF_LIVES} half-lives, comma-separated")
+    return list(dict.fromkeys(parse_half_life(part) for part in listed))
 
 
 def redact(db: str) -> str:

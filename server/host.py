@@ -15,7 +15,10 @@ import socket
 from pathlib import Path
 from typing import Final
 
-_SIZE: Final = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(%|[kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+#: ASCII digits: ``\d`` takes any script's (Arabic-Indic 512 would be taken as 512M)
+_SIZE: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(%|[kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+#: a budget past this is a mistake, not a machine: 1 PiB
+MAX_SIZE: Final = 2**50
 _UNIT: Final = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 #: cgroup v2 (the process's own group, as mounted in a container), then v1
 _LIMITS: Final = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -26,13 +29,16 @@ def parse_size(text: str) -> tuple[float, bool]:
     the number, and whether it is a share."""
     match = _SIZE.fullmatch(text)
     if match is None:
-        raise ValueError(f"must be a size such as 512M, 2G or 60% (of memory), got {text!r}")
+        raise ValueError(f"must be a size such as 512M, 2G or 60% (of memory), got {text[:100]!r}")
     number = float(match[1])
     if match[2] == "%":
         if not 0 < number <= 100:
             raise ValueError(f"a share of memory must be in (0, 100]%, got {text!r}")
         return number, True
-    return number * _UNIT[match[2].lower()], False
+    size = number * _UNIT[match[2].lower()]
+    if not size <= MAX_SIZE:
+        raise ValueError(f"must be at most 1P (2**50 bytes), got {text[:100]!r}")
+    return size, False
 
 
 def memory() -> int:

@@ -179,8 +179,12 @@ def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -
     ("variable", "value", "says"),
     [
         ("TIDAL_LOG_LEVEL", "verbose", "TIDAL_LOG_LEVEL='verbose': must be one of debug"),
-        ("TIDAL_MAX_CONNECTIONS", "abc", "TIDAL_MAX_CONNECTIONS='abc': must be an integer"),
-        ("TIDAL_IDLE_TIMEOUT", "soon", "TIDAL_IDLE_TIMEOUT='soon': must be a number"),
+        ("TIDAL_MAX_CONNECTIONS", "abc", "TIDAL_MAX_CONNECTIONS='abc': must be a whole number"),
+        ("TIDAL_IDLE_TIMEOUT", "soon", "TIDAL_IDLE_TIMEOUT='soon': must be a duration"),
+        ("TIDAL_IDLE_TIMEOUT", "inf", "TIDAL_IDLE_TIMEOUT='inf': must be a duration"),
+        ("TIDAL_BACKLOG", "1e20", "TIDAL_BACKLOG='1e20': must be a whole number"),
+        ("TIDAL_MEMORY_BUDGET", "\u0665\u0661\u0662M", "TIDAL_MEMORY_BUDGET="),
+        ("TIDAL_TREND_HALF_LIVES", ",", "TIDAL_TREND_HALF_LIVES=','"),
         ("TIDAL_PORT", "99999", "TIDAL_PORT='99999': port must be in 0..65535"),
         ("TIDAL_DURABILITY", "sometimes", "TIDAL_DURABILITY='sometimes': must be one of full"),
     ],
@@ -200,6 +204,27 @@ def test_a_bad_environment_value_names_the_variable(
         (["serve", "--durability", "sometimes"], "argument --durability: invalid choice"),
         (["top", "ledger", "view", "--window", "2h"], "argument --window: invalid choice"),
         (["stats", "-p", "http"], "argument -p/--port: port must be an integer"),
+        # what the fifth round of hostile input found printing a traceback, or taken
+        (["serve", "--db", ""], "argument --db: must be a file's path"),
+        (["serve", "--host", ""], "argument --host: must be a host name or an IP address"),
+        (["serve", "--trend-half-lives", ""], "argument --trend-half-lives: '' is not a"),
+        (["serve", "--trend-half-lives", "\u0666h"], "argument --trend-half-lives: '\u0666h' is"),
+        (["serve", "--idempotency-window", "inf"], "argument --idempotency-window: must be a"),
+        (["serve", "--idempotency-window", "1e300"], "argument --idempotency-window: must be"),
+        (["serve", "--backlog", "1e20"], "argument --backlog: must be a whole number"),
+        (["serve", "--backlog", "100000"], "argument --backlog: must be 1 to 65535"),
+        (
+            ["serve", "--max-message-size", "100000000000000000000"],
+            "argument --max-message-size: must be 67584 to 1073741824",
+        ),
+        (["serve", "--memory-budget", "\u0665\u0661\u0662M"], "argument --memory-budget: must be"),
+        (["serve", "--max-connections", "\uff16"], "argument --max-connections: must be a whole"),
+        (["status", "42", "--timeout", "-1"], "tidal status: argument --timeout: must be"),
+        (["status", "42", "--timeout", "nan"], "argument --timeout: must be a duration"),
+        (["status", "42", "--timeout", "inf"], "argument --timeout: must be a duration"),
+        (["status", "42", "--timeout", "0"], "argument --timeout: must be more than 0s"),
+        (["status", "18446744073709551616"], "argument user_id: must be 0 to 18446744073709551615"),
+        (["top", "ledger", "view", "--limit", "0"], "argument --limit: must be 1 to 1000"),
     ],
 )
 def test_a_bad_flag_gets_one_line_naming_it(tmp_path: Path, argv: list[str], says: str) -> None:
@@ -207,6 +232,46 @@ def test_a_bad_flag_gets_one_line_naming_it(tmp_path: Path, argv: list[str], say
     done = tidal(*argv, "--db", str(tmp_path / "t.db")) if argv[0] == "serve" else tidal(*argv)
     refused(done, says, "--help")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_help_prints_every_setting() -> None:
+    """A bare % in a setting's help (the memory budget's 60%) made argparse's help crash."""
+    done = tidal("serve", "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--memory-budget" in done.stdout and "60%" in done.stdout
+
+
+def test_an_empty_host_variable_is_unset_and_binds_loopback(tmp_path: Path) -> None:
+    """A compose file's ``TIDAL_HOST=${TIDAL_HOST}`` with nothing behind it leaves the
+    variable empty: that is unset, so loopback, never every interface (asyncio binds every
+    interface for an empty host)."""
+    env = {**os.environ, "TIDAL_HOST": "", "TIDAL_TOKEN": "a-token", "TIDAL_DB": ""}
+    command = [sys.executable, "-m", "tidal.cli", "serve", "--port", "0"]
+    with subprocess.Popen(
+        command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            assert child.stderr is not None
+            line = child.stderr.readline()
+            assert "bound 127.0.0.1:" in line, line
+        finally:
+            child.terminate()
+            child.wait(timeout=30)
+    assert (tmp_path / "tidal.db").exists()  # TIDAL_DB= is unset too: the default file
+
+
+async def test_the_largest_limits_a_flag_takes_are_served(tmp_path: Path) -> None:
+    """What the ranges allow, the code honours: a server at the top of each one serves
+    (past 2**63, --max-message-size started a server whose every connection died)."""
+    big = ("--max-message-size", str(2**30), "--max-output-buffer", str(2**34))
+    process = ServerProcess(tmp_path / "t.db", *big, "--backlog", "65535")
+    await process.start()
+    try:
+        async with await process.connect() as c:
+            await c.leave(7)
+            assert (await c.status(7)).left
+    finally:
+        await process.stop()
 
 
 async def test_stats_and_status_print_json_and_p_is_the_port(process: ServerProcess) -> None:

@@ -280,6 +280,9 @@ BAD_TOP = [
     (["community", "x", "view", {"by": "trend", "window": "1h"}], "options.window: not with"),
     (["community", "x", "view", {"by": "trend", "half_life": "2h"}], "options.half_life"),
     (["community", "x", "view", {"half_life": "6h"}], "options.half_life: only with"),
+    # another script's digits are not 6h (int() and isdigit() would take them)
+    (["community", "x", "view", {"by": "trend", "half_life": "\u0666h"}], "options.half_life"),
+    (["community", "x", "view", {"by": "trend", "half_life": "\uff16h"}], "options.half_life"),
     (["community", "x", "view", {"limit": 0}], "options.limit: must be an integer in 1..1000"),
     (["community", "x", "view", {"limit": 1001}], "options.limit"),
     (["community", "x", "view", {"after": b"junk"}], "options.after: must be the 'next'"),

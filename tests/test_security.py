@@ -17,6 +17,7 @@ import pytest
 from tidal.client import Client, ConnectionLost, Unauthorized
 from tidal.protocol import ErrorCode
 from tidal.server import Config, ProtectedMode, Server
+from tidal.server.errors import BadSettings
 
 from .conftest import ServerProcess
 from .rawrpc import RawPeer
@@ -268,8 +269,16 @@ def test_settings_that_cannot_work_stop_the_start(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2
-    assert "max_message_size: at least 67584 bytes" in done.stderr
-    assert "idle_timeout: more than 0" in done.stderr
+    assert "argument --max-message-size: must be 67584 to 1073741824, got 10" in done.stderr
+    # a Config made in code is held to the same ranges, every broken one named at once
+    with pytest.raises(BadSettings) as refused:
+        Config(port=0, max_message_size=10, idle_timeout=0, backlog=2**40).check()
+    for said in (
+        "max_message_size: must be 67584 to 1073741824, got 10",
+        "idle_timeout: must be more than 0s and at most 86400s, got 0",
+        "backlog: must be 1 to 65535",
+    ):
+        assert said in str(refused.value)
 
 
 async def test_idle_clients_that_never_read_are_closed_and_free_their_places(

@@ -43,6 +43,8 @@ KEEP: Final = tuple(n for _, n in TIERS)
 ALL_WINDOWS: Final = 0b1111
 BASE_AHEAD: Final = 500
 STALE_AFTER: Final = 100  # half-lives past the base: moved at the next boot
+#: the longest half-life, in seconds: a year (a longer one is no trend)
+MAX_HALF_LIFE: Final = 365 * 86400
 
 
 def window_index(name: str) -> int:
@@ -74,8 +76,10 @@ def parse_half_life(text: str) -> int:
     """``30m``, ``6h``, ``1d`` or plain seconds: a half-life in whole seconds, > 0."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
-    if not number.isdigit() or int(number) * unit <= 0:
-        raise ValueError(f"{text!r} is not a whole number of s, m, h or d above 0")
+    # ASCII digits: isdigit() and int() take any script's ("٦h" would be 6h)
+    if not (number.isascii() and number.isdigit()) or not 0 < int(number) * unit <= MAX_HALF_LIFE:
+        shown = repr(text) if len(text) <= 100 else f"{text[:100]!r}... ({len(text)} characters)"
+        raise ValueError(f"{shown} is not a whole number of s, m, h or d, above 0 and at most 365d")
     return int(number) * unit
 
 
