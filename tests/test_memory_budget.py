@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import msgpack
 import pytest
 
 from tidal.client import Client, Signal
@@ -195,3 +197,62 @@ async def test_the_room_a_purge_makes_is_not_given_twice(database: Database) -> 
         purged.set()
         readd.set()
         await srv.shutdown()
+
+
+async def test_silent_connections_pipelining_big_reads_stay_within_the_budget(
+    database: Database,
+) -> None:
+    """The fifth round of hostile input: 5,000 Left users, and 12 connections that each
+    pipeline 64 pages of them and never read. Every page waited for the same commit and
+    was built at once: RSS grew by 290 MB under an 8 MiB budget, and kept 220 MB after the
+    connections closed. Now a page holds its room in the budget until it is written out,
+    and a connection's unread replies count against its --max-output-buffer: the server
+    grows by less than the budget and the allowances, a bystander is served, and a silent
+    connection that starts reading gets every answer."""
+    allowance = 1 << 20
+    budget = 8 << 20
+    proc = ServerProcess(
+        database.target, "--memory-budget", "8M", "--max-output-buffer", str(allowance)
+    )
+    await proc.start()
+    assert proc.proc is not None
+    silent: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        async with await proc.connect() as client:
+            for first in range(1, 5001, 500):
+                await asyncio.gather(*(client.leave(u) for u in range(first, first + 500)))
+            assert await client.count_left() == 5000
+            before = rss_kib(proc.proc.pid) * 1024
+            pages = b"".join(msgpack.packb([0, i, "left_users", [None, 10_000]]) for i in range(64))
+            for _ in range(12):
+                reader, writer = await asyncio.open_connection("127.0.0.1", proc.port)
+                writer.write(pages)
+                await writer.drain()
+                silent.append((reader, writer))
+            peak = 0
+            for _ in range(20):  # a bystander, served meanwhile, and the server's size
+                page = await client.left_users(None, 10_000)
+                assert len(page.users) == 5000
+                peak = max(peak, rss_kib(proc.proc.pid) * 1024 - before)
+            most = budget + 12 * allowance
+            assert peak <= most, f"grew {peak / 2**20:.1f} MiB, past {most / 2**20:.0f} MiB"
+            reader, writer = silent[0]  # one starts reading: every page comes
+            unpacker = msgpack.Unpacker()
+            answered: list[Any] = []
+            while len(answered) < 64:
+                data = await asyncio.wait_for(reader.read(1 << 20), 30)
+                assert data, "the server closed a connection that had not read yet"
+                unpacker.feed(data)
+                answered += list(unpacker)
+            assert sorted(a[1] for a in answered) == list(range(64))
+            assert all(len(a[3]["users"]) == 5000 for a in answered)
+            for _, writer in silent:
+                writer.transport.abort()
+            # what the closed connections held is given back: a read answers from where it was
+            page = await client.left_users(None, 10_000)
+            after = rss_kib(proc.proc.pid) * 1024 - before
+            assert after <= most, f"kept {after / 2**20:.1f} MiB after the connections closed"
+    finally:
+        for _, writer in silent:
+            writer.close()
+        await proc.stop()

@@ -41,7 +41,7 @@ class Budget:
     """The board may not take more than ``limit`` bytes; ``setting`` is how the operator
     said it."""
 
-    __slots__ = ("board", "freeing", "limit", "pending", "refused", "setting")
+    __slots__ = ("board", "freeing", "limit", "pending", "refused", "replies", "setting")
 
     def __init__(self, board: Board, budget_bytes: int, setting: str = "") -> None:
         self.board = board
@@ -53,13 +53,15 @@ class Budget:
         #: (``freed``)
         self.freeing = 0
         self.refused = 0  # writes refused, since start
+        #: bytes held for replies being built (``engine.room``): reads count too
+        self.replies = 0
 
     def used(self) -> int:
         return used(self.board)
 
     def room(self) -> int:
         """Bytes left, once the batches on their way are on the board."""
-        return self.limit - self.pending - self.freeing - used(self.board)
+        return self.limit - self.pending - self.freeing - self.replies - used(self.board)
 
     def freed(self, bytes_: int) -> None:
         """A batch is on the board, and its withdrawals (a purge, an erase, a cohort
@@ -73,7 +75,7 @@ class Budget:
     def full(self) -> bool:
         """Less than 1% of the budget is left: what ``health`` and the metrics call full
         (a write refused for wanting more than is left says so itself)."""
-        return self.room() <= self.limit // 100
+        return self.room() + self.replies <= self.limit // 100  # reads pass; aggregates stay
 
     def check(self, reached: Iterable[tuple[str, str, tuple[Key, ...]]]) -> None:
         """Refuse a write whose signals reach these (entity, kind, keys), if the aggregates

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias
 
+from tidal.protocol.limits import HISTORY_LINE_BYTES, LEFT_USER_BYTES
+
 from . import ledger
 from .replies import Later
 from .rewrites import GONE, NO_RULE, Rule, reach
@@ -156,6 +158,9 @@ class HistoryRead(Later):
     pending: list[Event]  # the open batch's events of the user, when this was read
     rows: list[tuple[int, int, int | None]] = field(default_factory=list)  # at, event, n
 
+    def bound(self) -> int:
+        return self.limit * HISTORY_LINE_BYTES
+
     def answer(self) -> list[dict[str, Any]]:
         lines = [line(*row) for row in self.rows]
         # event times increase across all events: the batch's come after the table's
@@ -172,6 +177,9 @@ class LeftRead(Later):
     limit: int
     changes: dict[int, tuple[bool, int]]  # the open batch's, past ``after``, when read
     rows: list[tuple[int, int]] = field(default_factory=list)  # user_id, left_at_ns
+
+    def bound(self) -> int:
+        return self.limit * LEFT_USER_BYTES
 
     def wanted(self) -> int:
         """Rows the table must give: the page, one more, and one per user the batch

@@ -25,6 +25,7 @@ from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Storage
 
 from .delivery import deliver, refusal, refuse
+from .room import ReplyRoom
 from .stepping import Steps
 
 log = logging.getLogger("tidal.engine")
@@ -59,8 +60,10 @@ class Committer:
         *,
         metrics: Metrics | None = None,
         hold: Callable[[bool], None] = lambda on: None,
+        room: ReplyRoom,
     ) -> None:
         self._storage = storage
+        self.room = room
         self._steps = steps
         self._metrics = metrics
         #: back-pressure: stops (True) or lets go on (False) every connection
@@ -141,7 +144,8 @@ class Committer:
     def later(self, conn: Replier, msgid: int, result: Later) -> None:
         """A reply worked out after the writer's next round trip; few may wait per connection."""
         self.open.replies.append((conn, msgid, result))
-        conn.reading(True)
+        if result.is_read:
+            self.room.take(conn, result)
         self.wake()
 
     def settled(self) -> asyncio.Future[None]:
@@ -239,13 +243,13 @@ class Committer:
             self.open = Batch(later.first_seq)
             self._steps.failed(later, self.open)
             self._hold(False)
-            refuse((later,), f"storage unavailable: {unknown}; {NOTHING_SAVED}")
+            refuse(self.room, (later,), f"storage unavailable: {unknown}; {NOTHING_SAVED}")
             settle = asyncio.ensure_future(unknown.settle())
             try:
                 patience = UNKNOWN_PATIENCE if unknown.silent else None
                 if not (await asyncio.wait({settle}, timeout=patience))[0]:
                     message = f"storage unavailable: {unknown}; {UNKNOWN_SAVED}"
-                    refuse((batch,), message)
+                    refuse(self.room, (batch,), message)
                     batch.replies.clear()  # answered: the outcome only changes memory now
                     self._steps.unknown(batch, message)
                 await settle
@@ -298,7 +302,7 @@ class Committer:
             self._steps.committed(batch)
         except Exception:  # a bug: memory may be off, but the replies still go out
             log.exception("taking in a committed batch failed")
-        deliver(batch)
+        deliver(self.room, batch)
 
     def _fail(self, batch: Batch, exc: StorageFailure) -> None:
         """Undo in memory what the disk refused, and refuse every reply that depended on it.
@@ -315,12 +319,13 @@ class Committer:
         if exc.refusal is not None:  # the database is fine: only these writes are refused
             _refusals("refusal", logging.INFO, "%s", exc)
             self.stale()
-            refuse((batch, later), exc.refusal)
+            refuse(self.room, (batch, later), exc.refusal)
             return
         if exc.moved:  # cluster mode: another node serves these partitions now
             log.warning("%s; this node stops serving them", exc)
             self.lost(exc.moved)
             refuse(
+                self.room,
                 (batch, later),
                 f"moved: {exc} while this request was being committed; nothing of it was"
                 " saved; served by unknown",
@@ -340,4 +345,4 @@ class Committer:
             )  # fmt: skip
         else:
             self._latch(exc)
-        refuse((batch, later), refusal(exc))
+        refuse(self.room, (batch, later), refusal(exc))

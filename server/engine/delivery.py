@@ -12,17 +12,26 @@ from tidal.server.core.batch import Batch
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
 from tidal.server.errors import RequestError, StorageFailure
 
+from .room import ReplyRoom
+
 log = logging.getLogger("tidal.engine")
 
 
-def deliver(batch: Batch) -> None:
-    """The replies of a committed batch."""
+def deliver(room: ReplyRoom, batch: Batch) -> None:
+    """The replies of a committed batch. A read's is written out as soon as it is made,
+    and let go of: what waited for the batch is built one reply at a time, not all at once
+    (``room``)."""
     touched: dict[Replier, None] = {}
-    for conn, msgid, result in batch.replies:
+    replies = batch.replies
+    batch.replies = []
+    replies.reverse()
+    while replies:
+        conn, msgid, result = replies.pop()
         if isinstance(result, Later):
-            if result.is_read:
-                conn.reading(False)
             answer(conn, msgid, result.answer)
+            if result.is_read:
+                conn.flush()
+                room.give(conn, result)
         else:
             conn.reply(msgid, result)
         touched[conn] = None
@@ -31,7 +40,10 @@ def deliver(batch: Batch) -> None:
 
 
 def refuse(
-    batches: tuple[Batch, ...], message: str, code: ErrorCode = ErrorCode.UNAVAILABLE
+    room: ReplyRoom,
+    batches: tuple[Batch, ...],
+    message: str,
+    code: ErrorCode = ErrorCode.UNAVAILABLE,
 ) -> None:
     """Error 2 (or ``code``) for every reply that depended on ``batches``; a report
     (health) is answered as things now are."""
@@ -40,7 +52,7 @@ def refuse(
         for conn, msgid, result in failed.replies:
             if isinstance(result, Later):
                 if result.is_read:
-                    conn.reading(False)
+                    room.give(conn, result)
                 if result.survives_failure:
                     answer(conn, msgid, result.answer)
                     touched[conn] = None

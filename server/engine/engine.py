@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
+from tidal.protocol.errors import quoted
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
 from tidal.server.core import budget, ledger, params, restore
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
@@ -53,6 +54,7 @@ from .ranked import Ranked
 from .reads import Reads
 from .replica import Replica
 from .retention import Retention
+from .room import ReplyRoom
 from .steps import CommitSteps
 
 log = logging.getLogger("tidal.engine")
@@ -111,7 +113,12 @@ class Engine:
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
         self.committer = Committer(
-            storage, snapshot.next_seq, CommitSteps(self), metrics=metrics, hold=hold
+            storage,
+            snapshot.next_seq,
+            CommitSteps(self),
+            metrics=metrics,
+            hold=hold,
+            room=ReplyRoom(self.budget),
         )
         self.signals = self.forwarded = 0
         self.ledger_rows = snapshot.ledger_rows
@@ -179,7 +186,7 @@ class Engine:
         try:
             entry = self._dispatch.get(method)
             if entry is None:
-                raise MethodNotFound(f"method not found: {method!r}")
+                raise MethodNotFound(f"method not found: {quoted(method)}")
             handler, least, most, edge = entry
             if not least <= len(args) <= most:
                 params.arity_of(method, args)

@@ -109,6 +109,10 @@ class Reads:
             self._engine.past.defer(conn, lambda: self.history(conn, msgid, args))
             return
         committer = self._engine.committer
+        if not committer.room.fits(
+            conn, limit * HISTORY_LINE_BYTES, lambda: self.history(conn, msgid, args)
+        ):
+            return
         mine = [e for e in committer.open.history if e.user_id == user_id]
         read = HistoryRead(user_id, after_ns, limit, mine)
         committer.open.reads.append(read)
@@ -123,6 +127,10 @@ class Reads:
             conn.reply(None, None)
             return
         committer = self._engine.committer
+        if not committer.room.fits(
+            conn, limit * LEFT_USER_BYTES, lambda: self.left_users(conn, msgid, args)
+        ):
+            return
         changes = {
             user_id: change
             for user_id, change in committer.open.memberships.items()

@@ -24,6 +24,7 @@ from tidal.protocol import (
     Request,
     error_data,
 )
+from tidal.protocol.errors import bounded
 from tidal.server.config import Config
 from tidal.server.core.replies import Listener
 from tidal.server.logs import Throttle
@@ -60,7 +61,8 @@ class ServerConnection(asyncio.Protocol):
         self._out: list[list[Any]] = []  # replies not yet written
         self._auth = Auth(config.token)
         self.inflight = 0  # requests and notifications applied but not yet committed
-        self._reads = 0  # counts awaiting replies
+        self._reads = 0  # reads awaiting their batch
+        self._reserved = 0  # ... and the most bytes their replies may take
         self.closed = False
         self.draining = False
         self._eof = False
@@ -243,6 +245,7 @@ class ServerConnection(asyncio.Protocol):
 
     def reply_error(self, msgid: int | None, code: int, message: str) -> None:
         self.inflight -= 1
+        message = bounded(message)  # every rule quotes input short; this holds it if one does not
         if msgid is None:
             log.debug("notification from %s refused: %s", self.peer, message)
             return
@@ -256,10 +259,18 @@ class ServerConnection(asyncio.Protocol):
                 [RESPONSE, msgid, [int(code), message, error_data(code, message)], None]
             )
 
-    def reading(self, started: bool) -> None:
-        """A large read began (True) or was answered (False): only a few may wait at once."""
-        self._reads += 1 if started else -1
-        self.flow.set(FlowControl.READS, self._reads >= MAX_PENDING_READS)
+    def reading(self, bytes_: int) -> None:
+        """A read whose reply may take ``bytes_`` began (> 0) or was answered (< 0): only a
+        few may wait at once, and what their replies may take, with what is still unsent,
+        counts against the connection's output allowance (--max-output-buffer). Past it,
+        nothing more is applied until replies are written out and read."""
+        self._reads += 1 if bytes_ > 0 else -1
+        self._reserved += bytes_
+        full = self._reserved + self.transport.get_write_buffer_size()
+        self.flow.set(
+            FlowControl.READS,
+            self._reads >= MAX_PENDING_READS or full >= self._config.max_output_buffer,
+        )
 
     def hold(self, on: bool) -> None:
         """Apply nothing more of this connection's (True) until told to go on (False)."""
