@@ -8,12 +8,13 @@ messages become bytes. Every buffer is bounded by ``max_message_size``.
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeGuard
+from typing import Any, TypeGuard
 
 import msgpack
 
 from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from .framing import DECODING, NEED_DATA, Framing, _Decoding, _NeedData
+from .framing import DECODING, NEED_DATA, Framing, Unreadable, _Decoding, _NeedData
+from .limits import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from .messages import (
     MSGID_MAX,
     MSGID_MIN,
@@ -28,8 +29,6 @@ from .messages import (
     Response,
     new_tuple,
 )
-
-DEFAULT_MAX_MESSAGE_SIZE: Final = 8 * 1024 * 1024
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -109,13 +108,17 @@ class Connection:
         raises ``RemoteProtocolError``."""
         if self._broken is not None:
             raise RemoteProtocolError(*self._broken)
-        try:
-            obj = self._framing.next_object()
-        except RemoteProtocolError as exc:
-            raise self._break(exc) from None
-        if obj is NEED_DATA or obj is DECODING:
-            return obj
-        return self._classify(obj)
+        while True:
+            try:
+                obj = self._framing.next_object()
+            except RemoteProtocolError as exc:
+                raise self._break(exc) from None
+            if obj is NEED_DATA or obj is DECODING:
+                return obj
+            if type(obj) is not Unreadable:
+                return self._classify(obj)
+            if obj.msgid is not None:  # else a notification, or no request: nobody to tell
+                return BadRequest(obj.msgid, ErrorCode.INVALID_REQUEST, obj.message)
 
     def _break(self, error: RemoteProtocolError) -> RemoteProtocolError:
         """Remember the error: every later call raises it again."""

@@ -26,6 +26,32 @@ class ErrorCode(IntEnum):
     MOVED = 4
 
 
+#: An error's message is cut past this many characters, saying how long it was: what a
+#: peer sent is quoted in it, and a megabyte's name must not come back as four.
+MESSAGE_MOST: Final = 1000
+
+
+def quoted(value: str | bytes, most: int = 100) -> str:
+    """Input as an error quotes it: escaped (``repr``), its first ``most`` characters, and
+    how long it was when it was longer."""
+    shown = repr(value[:most])
+    n = most
+    while len(shown) > most + 3:  # escapes count: a NUL is shown as four characters
+        n = n * most // len(shown)
+        shown = repr(value[:n])
+    if n >= len(value):
+        return shown
+    unit = "bytes" if isinstance(value, bytes) else "characters"
+    return f"{shown}... ({len(value)} {unit})"
+
+
+def bounded(message: str) -> str:
+    """An error's message, cut to ``MESSAGE_MOST`` characters if longer."""
+    if len(message) <= MESSAGE_MOST:
+        return message
+    return f"{message[:MESSAGE_MOST]}... (cut: {len(message)} characters)"
+
+
 class ProtocolError(Exception):
     """Base of both protocol errors; ``code`` is what a reply to it would carry."""
 

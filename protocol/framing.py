@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NamedTuple, NoReturn
 
 import msgpack
 
-from .errors import ErrorCode, RemoteProtocolError
+from .errors import ErrorCode, RemoteProtocolError, bounded
 from .headers import announced
 from .messages import REQUEST
 
@@ -47,6 +47,22 @@ class _Decoding:
 
 
 DECODING: Final = _Decoding()
+
+
+class Unreadable(NamedTuple):
+    """A whole message that cannot be made into objects (a map key that is an array or a
+    map: Python cannot hash it). Its frame was found, so the stream goes on after it; a
+    request's msgid, when its first bytes hold one, is told why."""
+
+    msgid: int | None
+    message: str
+
+
+#: what the peer is told of a map key that cannot be one
+UNHASHABLE_KEY: Final = (
+    "a map key must be a string, bin, integer, float, boolean or nil; an array or a map"
+    " cannot be one"
+)
 
 
 class Framing:
@@ -83,7 +99,12 @@ class Framing:
         size = self.max_message_size
         self._base = self._scanned  # all before it was whole messages, all decoded
         self._scanner = msgpack.Unpacker(max_buffer_size=2 * size, read_size=min(4096, 2 * size))
-        self._unpacker = msgpack.Unpacker(
+        self._unpacker = self._decoder()
+        return self._scanner, self._unpacker
+
+    def _decoder(self) -> msgpack.Unpacker:
+        size = self.max_message_size
+        return msgpack.Unpacker(
             read_size=min(4096, 2 * size),
             raw=False,
             use_list=True,
@@ -98,7 +119,6 @@ class Framing:
             max_map_len=size,
             max_ext_len=size,
         )
-        return self._scanner, self._unpacker
 
     def rest(self) -> None:
         """Let go of the decoder while no message is pending: ~88 KiB per idle connection."""
@@ -138,7 +158,13 @@ class Framing:
             if "exceeds max_" in str(exc):
                 self._too_large(self.offset)
             self._malformed(exc, self.offset)
-        except Exception as exc:  # unhashable map keys, and what the scanner could not see
+        except TypeError:  # a map key Python cannot hash: the frame is whole, go on after it
+            msgid = _peek_msgid(self._head(self.offset))
+            ends.popleft()
+            self.offset = self._given = end
+            self._unpacker = self._decoder()  # the old one's state is undefined now
+            return Unreadable(msgid, UNHASHABLE_KEY)
+        except Exception as exc:  # what the scanner could not see
             self._malformed(exc, self.offset)
         finally:
             if pause_gc:
@@ -272,7 +298,7 @@ class Framing:
 
     def _malformed(self, exc: Exception, start: int) -> NoReturn:
         raise RemoteProtocolError(
-            f"malformed MessagePack: {exc!r}",
+            f"malformed MessagePack: {bounded(repr(exc))}",
             ErrorCode.PARSE_ERROR,
             _peek_msgid(self._head(start)),
         )

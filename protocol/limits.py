@@ -37,6 +37,12 @@ REPLY_ENVELOPE: Final = 1024
 #: the smallest ``--max-message-size`` that works: room for the largest single item a reply
 #: carries (a cohort, its name and a predicate of MAX_PREDICATE_BYTES) or a request sends
 MIN_MESSAGE_SIZE: Final = 2 * REPLY_ENVELOPE + MAX_PREDICATE_BYTES
+#: ``--max-message-size``'s default
+DEFAULT_MAX_MESSAGE_SIZE: Final = 8 * 1024 * 1024
+#: a ``counts`` page's largest ``limit`` at that size (a server takes what its own fits)
+COUNTS_LIMIT: Final = (DEFAULT_MAX_MESSAGE_SIZE - REPLY_ENVELOPE) // SLOT_REPLY_BYTES
+#: a time or an id past this is no signed 64-bit integer, as storage keeps them
+INT64_MAX: Final = 2**63 - 1
 #: the change feed's events, by name (``subscribe``'s ``events`` option)
 FEED_EVENTS: Final = ("leave", "rejoin", "purge", "erase", "define_cohort", "drop_cohort")
 #: a subscriber with this many events, or bytes, written to it and still unsent is told

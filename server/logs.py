@@ -8,6 +8,21 @@ import sys
 import time
 from datetime import UTC, datetime
 
+#: a log line's message is cut past this many characters: what a client sent may be in it
+LINE_MOST = 4000
+
+
+class Bounded(logging.Filter):
+    """Every line of bounded length, whoever wrote it: a megabyte a request must not
+    become a megabyte a log line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if len(message) > LINE_MOST:
+            record.msg = f"{message[:LINE_MOST]}... (cut: {len(message)} characters)"
+            record.args = None
+        return True
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -30,6 +45,7 @@ def configure(level: str, form: str, libraries: str = "warning") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(Bounded())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(libraries.upper())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from tidal.client import Client, InvalidParams
 from tidal.protocol import ErrorCode, error_data
 from tidal.server import Server
+from tidal.server.logs import configure
 
 from .rawrpc import RawPeer
 
@@ -217,6 +219,24 @@ async def test_bin_method_names_and_strings_work(peer: RawPeer) -> None:
     assert reply[3]["communities"] == {"c": {"view": {"count": 1, "weight": 1.0}}}
 
 
+async def test_a_bin_of_utf8_is_a_string_in_every_position_that_takes_one_word(
+    peer: RawPeer,
+) -> None:
+    """Five string params took no bin, though PROTOCOL.md says any string param may be one:
+    ``signal_batch``'s options.ack, ``counts``' page.window, ``top``'s by, window and
+    half_life (and ``top``'s layer took a bin of bad UTF-8 as U+FFFD)."""
+    batch = [[3, "binned", "view"]]
+    reply = await peer.call("signal_batch", batch, {b"ack": b"compact"}, msgid=1)
+    assert reply[2] is None, reply
+    reply = await peer.call("counts", "binned", {b"window": b"1h"}, msgid=2)
+    assert reply[2] is None and reply[3]["ledger"]["view"]["count"] == 1, reply
+    for options in ({b"by": b"weight"}, {b"window": b"24h"}, {"by": "trend", b"half_life": b"6h"}):
+        reply = await peer.call("top", b"ledger", None, b"view", options, msgid=3)
+        assert reply[2] is None and reply[3]["entities"][0]["entity"] == "binned", (options, reply)
+    reply = await peer.call("top", b"ledger\xff", None, "view", msgid=4)
+    assert reply[2][0] == ErrorCode.INVALID_PARAMS and "layer" in reply[2][1]
+
+
 async def test_any_integer_msgid_is_echoed(peer: RawPeer) -> None:
     for msgid in (0, -1, 2**32 + 5, 2**64 - 1, -(2**63)):
         assert await peer.call("ping", msgid=msgid) == [1, msgid, None, "pong"]
@@ -243,6 +263,39 @@ async def test_misshapen_request_is_answered_and_the_connection_lives(peer: RawP
     peer.send([0, 5, "ping", "not an array"])
     assert (await peer.receive())[2][0] == ErrorCode.INVALID_REQUEST
     assert await peer.call("ping", msgid=6) == [1, 6, None, "pong"]
+
+
+async def test_a_map_keyed_by_an_array_is_answered_and_the_connection_lives(
+    peer: RawPeer,
+) -> None:
+    """It was -32700 quoting Python's TypeError, and the connection closed."""
+    peer.send_raw(b"\x94\x00\x07\xa6signal\x94\x01\xa1e\xa1k\x81\x91\x01\x01")
+    kind, msgid, error, _ = await peer.receive()
+    assert (kind, msgid, error[0]) == (1, 7, ErrorCode.INVALID_REQUEST)
+    assert error[1].startswith("a map key must be a string") and "TypeError" not in error[1]
+    assert await peer.call("ping", msgid=8) == [1, 8, None, "pong"]
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("x" * 1_000_000, []),
+        ("cohorts", [{"\x01\x02" * 500_000: 1}]),
+        ("signal", [1, "e", "k", 1.0, {"\x00" * 1_000_000: 1}]),
+        ("signal", [1, "e", "k", 1.0, {"attrs": {"a" * 1_000_000: 1}}]),
+        ("top", ["cohort", "n" * 1_000_000, "view"]),
+    ],
+    ids=["method", "page-key", "signal-options", "attr-key", "top-name"],
+)
+async def test_an_error_quotes_a_short_prefix_of_a_long_input(
+    peer: RawPeer, method: str, params: list[object]
+) -> None:
+    """A 1 MB method name came back as a 4 MB error message, and went to the log whole."""
+    reply = await peer.call(method, *params, msgid=9)
+    code, message = reply[2][0], reply[2][1]
+    assert code in (ErrorCode.METHOD_NOT_FOUND, ErrorCode.INVALID_PARAMS), reply[2]
+    assert len(message) <= 400, f"{len(message)} characters: {message[:300]}"
+    assert await peer.call("ping", msgid=10) == [1, 10, None, "pong"]
 
 
 @pytest.mark.parametrize(
@@ -299,3 +352,22 @@ async def test_the_number_of_cohorts_is_capped(client: Client) -> None:
     assert await client.define_cohort("c0", {"n": "replaced"})  # replacing is not adding
     assert await client.drop_cohort("c1")
     assert await client.define_cohort("one-more", {"n": -1})
+
+
+def test_a_log_line_is_bounded(capsys: pytest.CaptureFixture[str]) -> None:
+    """Whoever logs what a client sent, the line stays short: the throttle let one 4 MB
+    line a code through every 10 s."""
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level, logging.getLogger("tidal").level
+    try:
+        configure("info", "text")
+        logging.getLogger("tidal.connection").warning("said %s", "\x00" * 1_000_000)
+        configure("info", "json")
+        logging.getLogger("tidal.connection").warning("said %s", "y" * 1_000_000)
+    finally:
+        root.handlers[:], level, tidal_level = kept
+        root.setLevel(level)
+        logging.getLogger("tidal").setLevel(tidal_level)
+    text, json_line = capsys.readouterr().err.splitlines()
+    assert len(text) < 4200 and text.endswith("(cut: 1000005 characters)"), text[-80:]
+    assert len(json_line) < 4300 and "(cut: 1000005 characters)" in json_line

@@ -96,6 +96,32 @@ def test_a_misshapen_request_with_a_msgid_is_answered_not_fatal(
     assert second == Request(2, "ping", [])  # the stream goes on
 
 
+def _map_keyed_by(key: bytes) -> bytes:
+    """A one-entry map whose key is ``key``'s encoding: msgpack-python refuses to pack it."""
+    return b"\x81" + key + b"\x01"
+
+
+@pytest.mark.parametrize("key", [msgpack.packb([1, 2]), msgpack.packb({"a": 1})])
+def test_a_map_key_that_is_an_array_or_a_map_is_answered_in_our_words(key: bytes) -> None:
+    """Python cannot hash it: it was -32700 quoting a TypeError, and the connection closed.
+    The frame is whole, so the request is answered and the stream goes on, after a
+    notification with the same key too (nobody to tell), and a large message's slices."""
+    conn = Connection(decode_slice=16)
+    bad = b"\x94\x00\x01\xa4ping\x91" + _map_keyed_by(key)  # [0, 1, "ping", [{key: 1}]]
+    quiet = b"\x93\x02\xa4ping\x91" + _map_keyed_by(key)  # [2, "ping", [{key: 1}]]
+    padded = b"\x94\x00\x03\xa4ping\x92" + msgpack.packb("x" * 100) + _map_keyed_by(key)
+    data = bad + quiet + msgpack.packb([0, 2, "ping", []]) + padded
+    data += msgpack.packb([0, 4, "ping", []])
+    first, second, third, fourth = events(conn, data)
+    assert isinstance(first, BadRequest) and first.msgid == 1
+    assert first.code == ErrorCode.INVALID_REQUEST
+    assert first.message.startswith("a map key must be a string")
+    assert "TypeError" not in first.message
+    assert second == Request(2, "ping", [])
+    assert isinstance(third, BadRequest) and third.msgid == 3
+    assert fourth == Request(4, "ping", [])
+
+
 @pytest.mark.parametrize(
     "data",
     [

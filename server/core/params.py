@@ -14,6 +14,7 @@ from typing import Any, Final, TypeAlias, TypeVar
 
 import msgpack
 
+from tidal.protocol.errors import quoted
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
     FEED_EVENTS,
@@ -27,6 +28,7 @@ from tidal.protocol.limits import (
     WEIGHT_MAX,
 )
 from tidal.protocol.methods import BY_NAME
+from tidal.protocol.schemas import LAYERS
 from tidal.server.errors import InvalidParams
 
 T = TypeVar("T")
@@ -52,6 +54,18 @@ def arity(params: list[Any], method: str, names: str, least: int, most: int) -> 
 def user_id(value: object, where: str = "user_id") -> int:
     if type(value) is not int or not 0 <= value <= USER_ID_MAX:
         raise InvalidParams(f"{where}: must be an integer in 0..2**64-1, got {describe(value)}")
+    return value
+
+
+def string(value: object) -> object:
+    """The one rule for a string param that is one of a few words (a window, an option's
+    choice): a bin holding UTF-8 is the string it holds, as PROTOCOL.md promises of every
+    string param; anything else is left for the param's own rule to refuse."""
+    if type(value) is bytes:
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
     return value
 
 
@@ -126,7 +140,7 @@ def predicate(value: object) -> Predicate:
     out: Predicate = {}
     for raw_key, item in value.items():
         key = text(raw_key, f"{where} key", NAME_MAX_BYTES)
-        at = f"{where}[{key!r}]"
+        at = f"{where}[{quoted(key) if type(key) is str else repr(key)}]"
         if type(item) is list:
             if not 1 <= len(item) <= MAX_PREDICATE_VALUES:
                 raise InvalidParams(
@@ -181,7 +195,7 @@ def options(value: object, where: str, method: str, keys: tuple[str, ...]) -> di
     for raw_key, item in value.items():
         key = raw_key.decode("utf-8", "replace") if type(raw_key) is bytes else raw_key
         if type(key) is not str or key not in keys:
-            shown = repr(key) if type(key) is str else describe(key)
+            shown = quoted(key) if type(key) is str else describe(key)
             takes = (
                 f"the only key is {keys[0]!r}" if len(keys) == 1
                 else f"{method} takes {', '.join(map(repr, keys))}"
@@ -241,6 +255,26 @@ def page(value: object, method: str, keys: tuple[str, ...], most: int) -> dict[s
     if "limit" in out and (type(limit) is not int or not 1 <= limit <= most):
         raise InvalidParams(f"page.limit: must be an integer in 1..{most}")
     return out
+
+
+def layer(value: object, where: str) -> int:
+    """A layer by name ("ledger", "cohort", "community"): its number."""
+    value = string(value)
+    if type(value) is not str or value not in LAYERS:
+        raise InvalidParams(
+            f"{where}: must be 'ledger', 'cohort' or 'community', got {describe(value)}"
+        )
+    return LAYERS.index(value)
+
+
+def catalog_page(value: object) -> tuple[str | None, int]:
+    """``catalog``'s page: (after, limit), limit 1..1000, 100 when not given."""
+    page = options(value, "page", "catalog", ("after", "limit"))
+    limit = page.get("limit", 100)
+    if type(limit) is not int or not 1 <= limit <= 1000:
+        raise InvalidParams(f"page.limit: must be an integer in 1..1000, got {describe(limit)}")
+    after = page.get("after")
+    return (None if after is None else text(after, "page.after", NAME_MAX_BYTES)), limit
 
 
 def cursor(value: object) -> Cursor:

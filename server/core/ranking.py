@@ -12,6 +12,7 @@ from typing import Any, Final, NamedTuple
 
 import msgpack
 
+from tidal.protocol.errors import quoted
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
 from tidal.protocol.schemas import WINDOW_ALIASES
 from tidal.server.errors import InvalidParams
@@ -112,9 +113,7 @@ def top_request(
     args: list[Any], cohorts: dict[str, int], decay: Sequence[tuple[int, int]], budget: int
 ) -> TopRequest:
     """``top(layer, name, kind, options={})``, checked: each argument and option by name."""
-    layer_name, name, kind_value = args[0], args[1], args[2]
-    if type(layer_name) is bytes:
-        layer_name = layer_name.decode("utf-8", "replace")
+    layer_name, name, kind_value = params.string(args[0]), args[1], args[2]
     if type(layer_name) is not str or layer_name not in LAYERS:  # a list is no dict key
         raise InvalidParams(
             f"layer: must be 'ledger', 'cohort' or 'community', got {_shown(layer_name)}"
@@ -127,13 +126,13 @@ def top_request(
     elif layer == COHORT:
         cohort = params.text(name, "name", NAME_MAX_BYTES)
         if cohort not in cohorts:
-            raise InvalidParams(f"name: no cohort named {cohort!r} (see cohorts())")
+            raise InvalidParams(f"name: no cohort named {quoted(cohort)} (see cohorts())")
         key = cohorts[cohort]
     else:
         key = params.text(name, "name", NAME_MAX_BYTES)
     kind = params.text(kind_value, "kind", KIND_MAX_BYTES)
     given = params.options(args[3] if len(args) > 3 else None, "options", "top", _OPTIONS)
-    by_name = given.get("by", "count")
+    by_name = params.string(given.get("by", "count"))
     if by_name not in BY:
         raise InvalidParams(
             f"options.by: must be 'count', 'weight' or 'trend', got {_shown(by_name)}"
@@ -163,6 +162,7 @@ def window_option(value: object) -> int:
 
 
 def _window(value: object, where: str) -> int:
+    value = params.string(value)
     if type(value) is str:
         value = WINDOW_ALIASES.get(value, value)
     if type(value) is not str or value not in windows.WINDOW_NAMES:
@@ -174,6 +174,7 @@ def _window(value: object, where: str) -> int:
 
 
 def _half_life(value: object, decay: Sequence[tuple[int, int]]) -> int:
+    value = params.string(value)
     if value is None:
         return 0
     offered = ", ".join(repr(windows.show_half_life(hl)) for hl, _ in decay)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final, NamedTuple
 
+from tidal.protocol.errors import quoted
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
     ENTITY_MAX_BYTES,
@@ -31,7 +32,7 @@ from tidal.protocol.limits import (
 from tidal.protocol.messages import new_tuple
 from tidal.server.errors import InvalidParams
 
-from .params import Scalar, arity, describe, option, scalar, text, user_id, weight
+from .params import Scalar, arity, describe, option, scalar, string, text, user_id, weight
 
 I64_MAX: Final = 2**63 - 1
 
@@ -109,7 +110,7 @@ def _context(
             at_ns = item
         else:
             raise InvalidParams(
-                f"{where}: unknown key {key!r}; the keys are 'communities', 'attrs', 'id'"
+                f"{where}: unknown key {quoted(key)}; the keys are 'communities', 'attrs', 'id'"
                 " and 'at_ns'"
             )
     return communities, attrs, idempotency_key, at_ns
@@ -163,7 +164,7 @@ def _attrs(value: object, where: str) -> dict[str, Scalar]:
     out: dict[str, Scalar] = {}
     for raw_key, item in value.items():
         key = text(raw_key, f"{where} key", NAME_MAX_BYTES)
-        out[key] = scalar(item, f"{where}[{key!r}]")
+        out[key] = scalar(item, f"{where}[{quoted(key)}]")
     return out
 
 
@@ -208,6 +209,7 @@ def _batch_options(value: object) -> bool:
 
 
 def _compact(value: object, where: str) -> bool:
+    value = string(value)
     if type(value) is not str or value not in ("compact", "full"):
         raise InvalidParams(f"{where}: must be 'compact' or 'full', got {describe(value)}")
     return value == "compact"
