@@ -14,6 +14,7 @@ from tidal.client import Client
 from tidal.server import Config, Server
 from tidal.server.errors import BackupFailed
 from tidal.server.storage.sqlite.backup import backup
+from tidal.server.storage.sqlite.runner import SqliteStorage
 
 from .conftest import ServerProcess
 
@@ -135,3 +136,38 @@ async def test_status_and_stats_read_well(process: ServerProcess, tmp_path: Path
         check=False,
     )
     assert done.returncode == 0 and "backed up 1 ledger rows and 1 leave records" in done.stdout
+
+
+def test_a_backup_keeps_what_it_did_not_make(db_path: Path, tmp_path: Path) -> None:
+    """A backup wrote through a fixed DEST.partial: it deleted a file of the user's of that
+    name, and a failed one left its own behind."""
+
+    async def made_by_tidal() -> None:
+        await (await SqliteStorage.open(db_path)).close()
+
+    asyncio.run(made_by_tidal())
+    mine = tmp_path / "copy.db.partial"
+    mine.write_bytes(b"the user's own")
+    not_a_database = tmp_path / "junk.db"
+    not_a_database.write_bytes(b"this is not a database" * 100)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(BackupFailed):
+        backup(not_a_database, tmp_path / "copy.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing left behind
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tidal.cli",
+            "backup",
+            str(tmp_path / "copy.db"),
+            "--db",
+            str(db_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert mine.read_bytes() == b"the user's own"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "copy.db"])

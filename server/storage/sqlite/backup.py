@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,24 +54,37 @@ def backup(db: str | Path, dest: str | Path) -> BackupInfo:
 
 
 def _copy(source: Path, target: Path) -> BackupInfo:
+    """Into a file of a unique name beside ``target``, made here and removed whatever
+    happens: a fixed ``DEST.partial`` was left behind by a failed backup, and deleted, by
+    the next one, a file of the user's that had that name."""
     began = time.perf_counter()
-    partial = target.with_name(target.name + ".partial")
-    partial.unlink(missing_ok=True)
-    src = sqlite3.connect(source)
-    dst = sqlite3.connect(partial)
+    made, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    os.close(made)
+    partial = Path(name)
     try:
-        src.backup(dst)  # all pages in one step: one snapshot
-        dst.execute("PRAGMA journal_mode=DELETE")  # a single self-contained file
-        if dst.execute("PRAGMA quick_check").fetchone() != ("ok",):
-            raise BackupFailed(f"the copy at {partial} failed its integrity check")
-        ((ledger,),) = dst.execute("SELECT COUNT(*) FROM ledger")
-        ((left,),) = dst.execute("SELECT COUNT(*) FROM memberships WHERE left = 1")
+        src = sqlite3.connect(source)
+        dst = sqlite3.connect(partial)
+        try:
+            src.backup(dst)  # all pages in one step: one snapshot
+            dst.execute("PRAGMA journal_mode=DELETE")  # a single self-contained file
+            if dst.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                raise BackupFailed(f"the copy of {source} failed its integrity check")
+            ((ledger,),) = dst.execute("SELECT COUNT(*) FROM ledger")
+            ((left,),) = dst.execute("SELECT COUNT(*) FROM memberships WHERE left = 1")
+        finally:
+            dst.close()
+            src.close()
+        with partial.open("rb") as f:
+            os.fsync(f.fileno())
+        # the backup appears whole or not at all, and never in place of a file that
+        # appeared at DEST meanwhile (a link fails where a rename would overwrite)
+        try:
+            os.link(partial, target)
+        except FileExistsError:
+            raise BackupFailed(f"{target} exists; a backup never overwrites a file") from None
     finally:
-        dst.close()
-        src.close()
-    with partial.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(partial, target)  # the backup appears whole or not at all
+        for made_here in (partial, partial.with_name(partial.name + "-journal")):
+            made_here.unlink(missing_ok=True)
     directory = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(directory)

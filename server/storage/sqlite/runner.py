@@ -93,6 +93,7 @@ class SqliteStorage:
                 await pending._stopping
             raise schema.explain(location, exc) from None
         try:
+            await schema.refuse_foreign(db, location)  # before WAL mode: that writes the file
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
             # deleted content is overwritten, not left in free space: an erased user's

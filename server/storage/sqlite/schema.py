@@ -206,6 +206,26 @@ def explain(location: str, exc: sqlite3.Error) -> Exception:
     return DatabaseUnusable(f"{location} cannot be opened: {exc}")
 
 
+async def refuse_foreign(db: aiosqlite.Connection, location: str) -> None:
+    """Another program's database is not tidal's to take: a file that holds tables and
+    no tidal schema (``user_version`` 0) is refused, before anything is written to it
+    (``--db app.db`` once added 22 tables to an application's database)."""
+    ((version,),) = await db.execute_fetchall("PRAGMA user_version")
+    if version:
+        return
+    rows = await db.execute_fetchall(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+        " ORDER BY name LIMIT 4"
+    )
+    if rows:
+        names = ", ".join(str(name) for (name,) in list(rows)[:3])
+        more = ", ..." if len(list(rows)) > 3 else ""
+        raise DatabaseUnusable(
+            f"{location} holds another program's tables ({names}{more}) and no tidal schema;"
+            " tidal writes nothing to it: give --db a new file, or one tidal made"
+        )
+
+
 async def migrate(db: aiosqlite.Connection, location: str) -> None:
     ((version,),) = await db.execute_fetchall("PRAGMA user_version")
     if version > SCHEMA_VERSION:
