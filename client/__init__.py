@@ -26,6 +26,7 @@ from .subscription import Subscription
 from .sync import SyncClient
 from .sync_cluster import SyncClusterClient
 from .types import (
+    Catalog,
     Counts,
     Event,
     FeedEvent,
@@ -34,6 +35,7 @@ from .types import (
     Ranked,
     Signal,
     SignalAck,
+    Stored,
     Tally,
     Top,
     Withdrawn,
@@ -41,6 +43,7 @@ from .types import (
 
 __all__ = [
     "CallTimeout",
+    "Catalog",
     "Client",
     "ClientError",
     "ClusterClient",
@@ -65,6 +68,7 @@ __all__ = [
     "ServerError",
     "Signal",
     "SignalAck",
+    "Stored",
     "Subscription",
     "SyncClient",
     "SyncClusterClient",

@@ -102,6 +102,7 @@ class Commands:
     history = command(plans.history)
     left_users = command(plans.left_users)
     count_left = command(plans.count_left)
+    catalog = command(plans.catalog)
     status = command(plans.status)
     define_cohort = command(plans.define_cohort)
     drop_cohort = command(plans.drop_cohort)

@@ -12,6 +12,7 @@ from typing import Any, TypeAlias, TypeVar
 from . import requests
 from .requests import Call
 from .types import (
+    Catalog,
     Counts,
     Event,
     LeftUsers,
@@ -105,6 +106,18 @@ def history(o: Options, user_id: int, limit: int = 100, after_ns: int = 0) -> Pl
 def left_users(o: Options, after: int | None = None, limit: int = 1000) -> Plan[LeftUsers]:
     """One page of Left users in user_id order, past ``after``."""
     return LeftUsers.from_wire((yield requests.left_users(after, limit)))
+
+
+def catalog(
+    o: Options, layer: str = "community", after: str | None = None, limit: int = 100
+) -> Plan[Catalog]:
+    """A page of what is stored in a layer, in name order: the ledger's kinds ("ledger"),
+    the cohorts ("cohort") or the communities ("community"), each with its aggregates and
+    the signals they count; ``after``: the page before's ``next``."""
+    page: dict[str, Any] = {"limit": limit}
+    if after is not None:
+        page["after"] = after
+    return Catalog.from_wire((yield requests.read("catalog", layer, page)))
 
 
 def count_left(o: Options) -> Plan[int]:

@@ -125,6 +125,30 @@ class LeftUsers:
 
 
 @dataclass(frozen=True, slots=True)
+class Stored:
+    """One name a ``catalog`` page lists: a kind of the ledger, a cohort or a community,
+    with its aggregates (entities and kinds it counts) and the signals they count."""
+
+    name: str
+    aggregates: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """A page of what is stored, in name order; ``next`` is the ``after`` of the next
+    page, None after the last."""
+
+    items: list[Stored]
+    next: str | None
+
+    @classmethod
+    def from_wire(cls, value: dict[str, Any]) -> Catalog:
+        items = [Stored(i["name"], i["aggregates"], i["count"]) for i in value["items"]]
+        return cls(items, value["next"])
+
+
+@dataclass(frozen=True, slots=True)
 class Tally:
     count: int
     weight: float

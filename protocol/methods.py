@@ -251,7 +251,7 @@ TABLE: Final[tuple[Method, ...]] = (
         "top",
         "The entities with the highest score in one aggregate: by count, weight or trend.",
         (
-            Param("layer", {"enum": list(s.LAYERS)}, "ledger, cohort or community"),
+            Param("layer", s.LAYER, "ledger, cohort or community"),
             Param("name", s.nullable(s.NAME), "the cohort or community; nil for the ledger"),
             Param("kind", s.KIND, "the kind ranked"),
             Param("options", s.TOP_OPTIONS, "by, window, half_life, limit, after", {}),
@@ -259,6 +259,19 @@ TABLE: Final[tuple[Method, ...]] = (
         s.TOP,
         "ranking",
         route="log",
+    ),
+    Method(
+        "catalog",
+        "What is stored, a page at a time in name order: the ledger's kinds, the cohorts or"
+        " the communities, each with its aggregates and the signals they count.",
+        (
+            Param("layer", s.LAYER, "ledger (its kinds), cohort or community"),
+            Param("page", s.CATALOG_PAGE, "after: the next of the page before; limit", {}),
+        ),
+        s.CATALOG,
+        "catalog",
+        route="log",
+        examples=((["community"], {"items": [], "next": None}),),
     ),
     Method(
         "left_users",

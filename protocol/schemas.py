@@ -20,8 +20,10 @@ from typing import Any, Final, TypeAlias
 
 from .limits import (
     ATTR_VALUE_MAX_BYTES,
+    COUNTS_LIMIT,
     ENTITY_MAX_BYTES,
     FEED_EVENTS,
+    INT64_MAX,
     KEY_MAX_BYTES,
     KIND_MAX_BYTES,
     MAX_ATTRS,
@@ -82,6 +84,7 @@ BIN: Final[Schema] = {"type": "string", "contentEncoding": "base64", "x-msgpack"
 NS: Final[Schema] = {
     "type": "integer",
     "minimum": 0,
+    "maximum": INT64_MAX,
     "description": "nanoseconds since the Unix epoch (past 2**53: a 64-bit integer)",
 }
 COUNT: Final[Schema] = {"type": "integer", "minimum": 0}
@@ -174,6 +177,25 @@ LEFT_USERS: Final[Schema] = obj(
     {"users": array(array({"type": "integer", "minimum": 0}, 2, 2)), "next": nullable(USER_ID)},
     ("users", "next"),
 )
+#: where a ``counts`` page ends (its ``more``), given back as the next one's ``after``:
+#: [layer, key, kind], the ledger's key "", a cohort's its id, a community's its name
+SLOT_CURSOR: Final[Schema] = {
+    "oneOf": [
+        {
+            "type": "array",
+            "items": [{"enum": [0, 2]}, {"anyOf": [{"const": ""}, NAME]}, KIND],
+            "minItems": 3,
+            "maxItems": 3,
+        },
+        {
+            "type": "array",
+            "items": [{"const": 1}, {"type": "integer", "minimum": 0, "maximum": INT64_MAX}, KIND],
+            "minItems": 3,
+            "maxItems": 3,
+        },
+    ],
+    "description": "[layer, key, kind]: a counts reply's more",
+}
 TALLY: Final[Schema] = obj({"count": COUNT, "weight": {"type": "number"}}, ("count", "weight"))
 BY_KIND: Final[Schema] = {"type": "object", "additionalProperties": TALLY}
 BY_NAME: Final[Schema] = {"type": "object", "additionalProperties": BY_KIND}
@@ -182,7 +204,7 @@ AGGREGATES: Final[Schema] = obj(
         "ledger": BY_KIND,
         "cohorts": BY_NAME,
         "communities": BY_NAME,
-        "more": array({"type": "string"}, 3, 3),
+        "more": SLOT_CURSOR,
     },
     ("ledger", "cohorts", "communities"),
 )
@@ -190,14 +212,20 @@ COUNTS_PAGE: Final[Schema] = {
     **obj(
         {
             "window": {"enum": [*WINDOWS, *WINDOW_ALIASES]},
-            "after": array({"type": "string"}, 3, 3),
-            "limit": {"type": "integer", "minimum": 1},
+            "after": SLOT_CURSOR,
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": COUNTS_LIMIT,
+                "description": "at most what a reply fits: this at the default"
+                " --max-message-size, (size - 1024) / 256 at another",
+            },
         }
     ),
     "description": "window, and the page (after: a reply's more; limit: aggregates a page)",
 }
 COHORTS_PAGE: Final[Schema] = obj(
-    {"after": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 1000}}
+    {"after": NAME, "limit": {"type": "integer", "minimum": 1, "maximum": 1000}}
 )
 COHORT_LIST: Final[Schema] = {"type": "object", "additionalProperties": PREDICATE}
 TOP_OPTIONS: Final[Schema] = obj(
@@ -227,11 +255,31 @@ TOP: Final[Schema] = obj(
     },
     ("entities", "next", "as_of_ns"),
 )
+#: the layers, by name, as ``top`` and ``catalog`` take them
+LAYER: Final[Schema] = {"enum": list(LAYERS)}
+CATALOG_PAGE: Final[Schema] = obj(
+    {
+        "after": {**NAME, "description": "the next of the previous page"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+    }
+)
+CATALOG: Final[Schema] = obj(
+    {
+        "items": array(
+            obj(
+                {"name": {"type": "string"}, "aggregates": COUNT, "count": COUNT},
+                ("name", "aggregates", "count"),
+            )
+        ),
+        "next": nullable({"type": "string"}),
+    },
+    ("items", "next"),
+)
 SUBSCRIBE_OPTIONS: Final[Schema] = {
     **obj(
         {
-            "from": {"type": "integer", "minimum": 0},
-            "events": array({"enum": list(FEED_EVENTS)}),
+            "from": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+            "events": array({"enum": list(FEED_EVENTS)}, 1),
         }
     ),
     "type": ["object", "null"],

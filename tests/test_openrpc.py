@@ -20,6 +20,7 @@ from referencing.jsonschema import DRAFT7
 from tidal.protocol import ErrorCode
 from tidal.protocol.methods import BY_NAME, TABLE
 from tidal.protocol.openrpc import ERRORS, document
+from tidal.protocol.schemas import CONTEXT
 from tidal.server import VERSION, Server
 from tidal.server.engine.health import Booting
 
@@ -159,6 +160,7 @@ async def test_a_client_generated_from_the_document_drives_every_method(server: 
     assert [line["event"] for line in await c.call("history", 1)] == ["leave", "purge", "rejoin"]
     assert (await c.call("left_users", None, 10))["users"][0][0] == 3
     assert await c.call("count_left") == len((await c.call("left_users"))["users"])
+    assert (await c.call("catalog", "community"))["items"][0]["name"] == "jazz"
     assert set(await c.call("cohorts")) == {"de"}
     assert (await c.call("cohorts", {"limit": 1}))["cohorts"]["de"] == {
         "country": "DE", "plan": ["pro", "team"]
@@ -234,6 +236,13 @@ def test_protocol_md_names_every_method_param_and_error_of_the_table() -> None:
         assert headed[name] == {p.name for p in method.params}, name
     documented = {int(code) for code in re.findall(r"^\| (-?\d+) \|", text, re.MULTILINE)}
     assert documented == {int(code) for code in ERRORS}
+    # the Values table's context row names each key the table's context takes (at_ns was
+    # missing, though PROTOCOL.md's own example uses it), and each has a row of its own
+    row = re.search(r"^\| `context` \|(.*)\|$", text, re.MULTILINE)
+    assert row is not None, "PROTOCOL.md's Values table has no context row"
+    for key in CONTEXT["properties"]:
+        assert f"`{key}`" in row[1], f"the context row does not name {key}"
+        assert re.search(rf"^\| `{key}` \|", text, re.MULTILINE), f"no Values row for {key}"
 
 
 class Recorder:

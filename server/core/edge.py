@@ -49,6 +49,8 @@ RULES: Final[dict[int, Rule]] = {
     id(s.PREDICATE): lambda value, where: params.predicate(value),
     id(s.LEAVE_OPTIONS): lambda value, where: params.leave_options(value),
     id(s.SUBSCRIBE_OPTIONS): lambda value, where: params.subscribe_options(value),
+    id(s.LAYER): params.layer,
+    id(s.CATALOG_PAGE): lambda value, where: params.catalog_page(value),
 }
 #: the methods whose handlers read their params as sent: the hot path's, ``top``'s (one
 #: rule for all four, ``ranking.top_request``: the name's depends on the layer), and the

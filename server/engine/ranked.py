@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from tidal.server.core import orders, ranking
+from tidal.server.core import catalog, orders, ranking
 from tidal.server.core.ledger import Slot
 from tidal.server.core.replies import Later, Replier
 
@@ -107,6 +107,18 @@ class Ranked:
             board.advance(self._clock())
             names = self._engine.cohorts.names()
             return ranking.window_counts(board, entity, window, names, after, limit)
+
+        self._answer(conn, msgid, read)
+
+    def catalog(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        """A page of what the board holds (``core.catalog``), as committed once the
+        connection's own writes before it are."""
+        layer: int = args[0]
+        after, limit = args[1]
+
+        def read() -> dict[str, Any]:
+            names = self._engine.cohorts.names()
+            return catalog.page(self._engine.board, names, layer, after, limit)
 
         self._answer(conn, msgid, read)
 
