@@ -7,15 +7,18 @@ additions do, and a collector turns them into metric families at scrape time.
 
 from __future__ import annotations
 
+import socket
+import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sized
 from typing import Any, Final, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
     GCCollector,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,6 +26,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from tidal.protocol import METHODS
@@ -120,7 +124,14 @@ class Metrics:
     def serve(self, host: str, port: int) -> Any:
         """prometheus-client's HTTP server for ``registry()``, on its own thread: scrapes
         never wait on the loop. Raises ``OSError`` if it cannot listen."""
-        server, _thread = start_http_server(port, host, registry=self.registry())
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        app = _only(PATH, make_wsgi_app(self.registry()))
+        server = make_server(host, port, app, Server, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, name="tidal-metrics", daemon=True).start()
         return server
 
     def bind(self, engine: Callable[[], Engine | None], connections: Callable[[], int]) -> None:
@@ -246,3 +257,25 @@ def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
 
 def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, doc, buckets=histogram.buckets(), sum_value=histogram.total)
+
+
+#: the one path the metrics port serves; every other one is 404, as a scraper or a person
+#: who mistyped it should be told (prometheus-client answers 200 with the metrics on any)
+PATH: Final = "/metrics"
+
+
+def _only(path: str, app: Any) -> Any:
+    def serve(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") != path:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"not found: tidal's metrics are at {path}\n".encode()]
+        return app(environ, start_response)
+
+    return serve
+
+
+class _Quiet(WSGIRequestHandler):
+    """No line per scrape on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

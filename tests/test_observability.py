@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -28,6 +29,22 @@ def value(text: str, sample: str) -> float:
     match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
     assert match, f"{sample} not in the scrape"
     return float(match.group(1))
+
+
+async def test_the_metrics_port_serves_metrics_and_404_for_the_rest(db_path: Path) -> None:
+    """It answered 200, with the metrics, for every path."""
+    server = Server(Config(port=0, db=str(db_path), metrics_port=0))
+    await server.start()
+    try:
+        assert "tidal_signals_total" in await asyncio.to_thread(scrape, server.metrics_port)
+        for path in ("/", "/metricsx", "/favicon.ico", "/admin"):
+            url = f"http://127.0.0.1:{server.metrics_port}{path}"
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                await asyncio.to_thread(urllib.request.urlopen, url, timeout=10)
+            assert refused.value.code == 404, path
+            assert b"/metrics" in refused.value.read()
+    finally:
+        await server.shutdown()
 
 
 async def test_metrics_count_what_happened(db_path: Path) -> None:

@@ -44,6 +44,8 @@ async def test_with_a_token_nothing_works_before_auth(guarded: Server) -> None:
     for msgid, method in enumerate(["ping", "leave"]):
         reply = await peer.call(method, *([1] if method == "leave" else []), msgid=msgid)
         assert reply[2][0] == ErrorCode.UNAUTHORIZED, reply
+        # ... and it says how to give one, to a newcomer who did not know one is needed
+        assert "token=" in reply[2][1] and "TIDAL_TOKEN" in reply[2][1], reply
     peer.send([2, "leave", [1]])  # a notification is dropped, not applied
     assert await peer.call("auth", TOKEN, msgid=7) == [1, 7, None, True]
     status = await peer.call("status", 1, msgid=8)

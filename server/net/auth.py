@@ -17,6 +17,14 @@ PREAUTH_BYTES: Final = 1024
 AUTH_ATTEMPTS: Final = 3
 
 
+#: what a client that sent no token is told, and how to give one
+NEEDS_TOKEN = (
+    "unauthorized: this server needs a token, and the first request must be auth(token);"
+    " the Python client takes token=..., the tidal command reads TIDAL_TOKEN,"
+    " TIDAL_TOKEN_FILE or --token-file"
+)
+
+
 class Auth:
     def __init__(self, token: str | None) -> None:
         self._token = token.encode() if token else None
@@ -29,7 +37,7 @@ class Auth:
         False once the connection has failed too often and must be closed.
         """
         if request.method != "auth":
-            self._fail(conn, request.msgid, "unauthorized: the first request must be auth(token)")
+            self._fail(conn, request.msgid, NEEDS_TOKEN)
         elif len(request.params) != 1 or not isinstance(request.params[0], str | bytes):
             self._fail(conn, request.msgid, "auth takes 1 param (token), a string")
         elif self._token is None:
