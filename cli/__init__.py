@@ -1,5 +1,5 @@
-"""``tidal``: the one console script (serve, call, status, stats, top, watch, health, backup,
-bench, cluster status).
+"""``tidal``: the one console script (serve, call, status, stats, top, catalog, watch, health,
+backup, bench, cluster status).
 
 It sits above the server and the client and imports from both; neither imports it.
 """
@@ -20,7 +20,7 @@ from tidal.server.config import Config
 from tidal.server.kinds import Range
 from tidal.server.version import VERSION, build
 
-from . import calls, cluster, commands, watch
+from . import calls, cluster, commands, tables, watch
 from .settings import (
     TOKEN_SEEN,
     Parser,
@@ -104,12 +104,30 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     )
     top.add_argument(
         "--after",
-        help="the next page: the 'next' that --json printed for the page before (base64)",
+        help="the next page: as the table printed it below the page before (N:cursor, the"
+        " ranks going on from N+1), or the 'next' that --json printed (base64)",
     )
     top.add_argument(
         "--json", action="store_true", help="print the reply as one JSON object (next in base64)"
     )
     client_options(settings, top)
+    catalog = commands.add_parser(
+        "catalog",
+        help="list what is stored: the communities, cohorts or the ledger's kinds, counted",
+        description="tidal catalog; tidal catalog cohort; tidal catalog ledger (its kinds)."
+        " A page at a time in name order, each name with its aggregates (the entities and"
+        " kinds it counts) and the signals they count; the command for the next page is"
+        " printed below.",
+    )
+    catalog.add_argument(
+        "layer", nargs="?", default="community", choices=("community", "cohort", "ledger")
+    )
+    catalog.add_argument("--after", help="the next page: the name the page before ended on")
+    catalog.add_argument(
+        "--limit", type=rule(kinds.count, Range(1, 1000)), default=20, help="1..1000 (default 20)"
+    )
+    catalog.add_argument("--json", action="store_true", help="print the reply as one JSON object")
+    client_options(settings, catalog)
     client_options(settings, watch.add(commands))
     health = commands.add_parser(
         "health",
@@ -198,6 +216,16 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     return parser, settings
 
 
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Parser:
+    """The command's own parser: ``tidal status``, not ``tidal``."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and args.command in action.choices:
+            found = action.choices[args.command]
+            assert isinstance(found, Parser)
+            return found
+    raise AssertionError(f"no parser for {args.command}")
+
+
 USER_ID = rule(kinds.count, Range(0, 2**64 - 1))
 
 
@@ -217,7 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, settings = _parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # told by the command they were given to
+        _command(parser, args).unknown(extras)
+    args.argv = list(argv)  # as given: a command printed for the next page repeats it
     settings.resolve(parser, args)
     resolve_token(parser, args, argv)
     if args.command == "serve":
@@ -231,7 +262,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command == "health":
         return commands.health(args)
     if args.command == "top":
-        return commands.top(parser, args)
+        return tables.top(parser, args)
+    if args.command == "catalog":
+        return tables.catalog(args)
     if args.command == "watch":
         return watch.run(parser, args)
     if args.command == "cluster":

@@ -25,6 +25,7 @@ from typing import Any
 import msgpack
 
 from . import resp as resp_wire
+from .cleanup import Made, clean_up
 from .pipeline import Load
 from .workload import BATCHES, COHORT, USER_BASE, WORKLOADS, BenchConfig, made, requests
 
@@ -103,29 +104,6 @@ def _held(ledger_rows: int, left: Any, cohorts: dict[str, Any]) -> str:
     return ", ".join(held)
 
 
-async def clean_up(cfg: BenchConfig, users: set[int], cohort: bool) -> str:
-    """Remove what the run made: its users' signals erased (an erase leaves its user Left,
-    so each is then rejoined), and its cohort, if it defined it. What stays is what the
-    server keeps of any erase: each user's history lines, and the change feed's events."""
-    from tidal.client import Client, Moved
-
-    async def one(client: Client, user: int) -> None:
-        try:
-            await client.erase(user)
-            await client.rejoin(user)
-        except Moved:  # cluster mode: another node serves it, and stored nothing of it here
-            pass
-
-    ordered = sorted(users)
-    async with await Client.connect(cfg.host, cfg.port, timeout=300, token=cfg.token) as client:
-        for start in range(0, len(ordered), 1000):
-            await asyncio.gather(*(one(client, u) for u in ordered[start : start + 1000]))
-        if cohort:
-            await client.drop_cohort(COHORT)
-    dropped = f" and dropped cohort {COHORT}" if cohort else ""
-    return f"erased and rejoined its {len(ordered):,} users{dropped}"
-
-
 def _percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
@@ -134,6 +112,17 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = None) -> BenchResult:
+    """A run, then its clean-up (unless ``cfg.keep``)."""
+    result, made = await measure(cfg, progress)
+    if cfg.redis_sha is None and not cfg.keep:  # after the clock: not measured
+        print(f"tidal bench: {await clean_up(cfg, made)}", file=sys.stderr)
+    return result
+
+
+async def measure(
+    cfg: BenchConfig, progress: Callable[[int, int], None] | None = None
+) -> tuple[BenchResult, Made]:
+    """A run: what it measured, and what it made (for ``clean_up``)."""
     if cfg.clients < 1 or cfg.pipeline < 1 or cfg.requests < 1:
         raise ValueError("clients, pipeline and requests must be at least 1")
     if cfg.workload not in WORKLOADS:
@@ -160,11 +149,14 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     auth = packer.pack([0, -1, "auth", [cfg.token]]) if cfg.token else b""
     sha = cfg.redis_sha
     replies = cfg.batch_size if cfg.workload in BATCHES else 1
+    #: per connection, per slot, the users each request in its queue writes for
+    writes: list[list[list[list[int]]]] = []
     for count in per_client:
         queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
+        writes.append([[] for _ in range(cfg.pipeline)])
         for i, (method, params) in enumerate(requests(cfg, rng, count)):
-            users.update(made(method, params))
             slot = i % cfg.pipeline
+            writes[-1][slot].append(made(method, params))
             if sha is None:
                 queues[slot].append(packer.pack([0, slot, method, params]))
             else:
@@ -197,8 +189,10 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
     lost = [c.lost for c in conns if c.lost is not None]
     if lost and not interrupted:
         raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
-    if cfg.redis_sha is None and not cfg.keep:  # after the clock: not measured
-        print(f"tidal bench: {await clean_up(cfg, users, cohort)}", file=sys.stderr)
+    for conn, slots in zip(conns, writes, strict=True):  # the requests sent, not those planned
+        for slot, planned in enumerate(slots):
+            for written in planned[: len(planned) - len(conn.queues[slot])]:
+                users.update(written)
     latencies.sort()
     signals_per_request = (
         cfg.batch_size
@@ -222,7 +216,7 @@ async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = No
         p999_ms=round(_percentile(latencies, 0.999), 3),
         server_cpu_us=server_cpu_us,
         interrupted=interrupted,
-    )
+    ), Made(frozenset(users), cohort)
 
 
 async def _until(finished: asyncio.Event) -> bool:

@@ -105,3 +105,9 @@ def shown(value: object) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     raise TypeError(f"cannot show {type(value).__name__} as JSON")
+
+
+def iso(ns: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="milliseconds")

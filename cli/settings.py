@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields
@@ -88,7 +90,27 @@ class Parser(argparse.ArgumentParser):
     ``serve``, thirty lines before the one that matters)."""
 
     def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if choice is not None:
+            offered = re.findall(r"'([^']*)'", choice[2])
+            message += _nearest(choice[1], offered)
         self.exit(2, f"{self.prog}: {message} (--help lists what it takes)\n")
+
+    def unknown(self, extras: Sequence[str]) -> NoReturn:
+        """Arguments this command does not take, named by this command (not by ``tidal``),
+        with the nearest flag it does take, as git and cargo suggest."""
+        flags = [o for action in self._actions for o in action.option_strings]
+        hint = "".join(
+            _nearest(extra.split("=", 1)[0], flags, 0.7)
+            for extra in extras
+            if extra.startswith("-")
+        )
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
+def _nearest(given: str, offered: Sequence[str], cutoff: float = 0.6) -> str:
+    near = difflib.get_close_matches(given, offered, n=2, cutoff=cutoff)
+    return f"; did you mean {' or '.join(map(repr, near))}?" if near else ""
 
 
 def refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:

@@ -7,11 +7,13 @@ import argparse
 import json
 import ssl
 import sys
+import time
 
 from tidal.protocol.limits import FEED_EVENTS
 from tidal.server import kinds
 from tidal.server.kinds import Range
 
+from .calls import iso
 from .settings import rule
 
 EVENT_ID = rule(kinds.count, Range(0, 2**63 - 1))
@@ -21,11 +23,13 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> argpar
     watch = commands.add_parser(
         "watch",
         help="print each leave, rejoin, purge, erase and cohort change as it happens",
-        description="One event per line, as the server commits it: its id, time, name and"
-        " fields (--json: the event as one JSON object). It resumes by itself after a"
-        " dropped connection or a restart, from the last event printed. Exit status 1 when"
-        " the events after --from are no longer kept (--event-retention), 2 when the server"
-        " cannot be reached.",
+        description="One event per line, as the server commits it: its id, name, fields and"
+        " times in ISO-8601 (--json: the event as one JSON object, times in nanoseconds). It"
+        " resumes by itself after a dropped connection or a restart of any length, from the"
+        " last event printed, trying again with a growing pause (up to 30 s) until"
+        " interrupted; it says so on stderr meanwhile. Exit status 1 when the events after"
+        " --from are no longer kept (--event-retention), 2 when the server cannot be"
+        " reached at the start.",
     )
     watch.add_argument(
         "--from", dest="from_id", type=EVENT_ID, help="replay the events after this id"
@@ -49,28 +53,60 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"tidal watch: --tls-ca {args.tls_ca}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    try:
-        with SyncClient(
-            args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls
-        ) as client, client.subscribe(args.from_id, events) as feed:  # fmt: skip
-            for event in feed:
-                wire = event.wire()
-                if args.json:
-                    print(json.dumps(wire), flush=True)
-                    continue
-                fields = " ".join(
-                    f"{k}={json.dumps(v)}" for k, v in wire.items() if k not in ("id", "event")
-                )
-                print(f"{event.id} {event.event} {fields}", flush=True)
-    except (KeyboardInterrupt, BrokenPipeError):  # stopped, or what reads it did
-        return 0
-    except FeedGap as exc:
-        print(f"tidal watch: {exc.message}", file=sys.stderr)
-        return 1
-    except (ServerError, ClientError) as exc:
-        print(f"tidal watch: {exc}", file=sys.stderr)
-        return 1
-    except TidalError as exc:
-        print(f"cannot reach tidal at {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    last = args.from_id  # the last event printed: where a resumed feed starts
+    pause = 0.0  # seconds before the next try, once the server was lost
+    lost_at = 0.0
+    while True:
+        try:
+            with SyncClient(
+                args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls
+            ) as client, client.subscribe(last, events) as feed:  # fmt: skip
+                last = feed.last_id  # where it starts: after this, should it be lost
+                if pause:
+                    away = time.monotonic() - lost_at
+                    print(f"tidal watch: resumed after {away:.0f} s", file=sys.stderr, flush=True)
+                    pause = 0.0
+                for event in feed:
+                    print(json.dumps(event.wire()) if args.json else line(event.wire()), flush=True)
+                    last = feed.last_id
+        except (KeyboardInterrupt, BrokenPipeError):  # stopped, or what reads it did
+            return 0
+        except FeedGap as exc:
+            print(f"tidal watch: {exc.message}", file=sys.stderr)
+            return 1
+        except (ServerError, ClientError) as exc:
+            print(f"tidal watch: {exc}", file=sys.stderr)
+            return 1
+        except TidalError as exc:
+            if last is None and not pause:  # never reached: nothing to resume
+                print(f"cannot reach tidal at {args.host}:{args.port}: {exc}", file=sys.stderr)
+                return 2
+            if not pause:
+                lost_at = time.monotonic()
+            pause = min(max(pause * 2, 0.5), MAX_PAUSE)
+            print(
+                f"tidal watch: lost {args.host}:{args.port} ({exc}); trying again in"
+                f" {pause:g} s (Ctrl-C stops)",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                time.sleep(pause)  # a pause between tries, not a wait for a state
+            except KeyboardInterrupt:
+                return 0
+        else:
+            return 0
+
+
+#: the longest pause between tries to reach a server that is away
+MAX_PAUSE = 30.0
+
+
+def line(wire: dict[str, object]) -> str:
+    """An event for people: its id and name, then its fields, a time in ISO-8601."""
+    fields = " ".join(
+        f"{k[:-3]}={iso(v)}" if k.endswith("_ns") and type(v) is int else f"{k}={json.dumps(v)}"
+        for k, v in wire.items()
+        if k not in ("id", "event")
+    )
+    return f"{wire['id']} {wire['event']} {fields}"

@@ -161,8 +161,9 @@ class Config:
     )
     max_output_buffer: int = _setting(
         16 * 1024 * 1024,
-        "bytes of earlier replies still unread when new ones are ready, after which a client"
-        " is disconnected",
+        "a connection's output allowance: bytes of replies unread or awaited, past which"
+        " nothing more of its requests is applied until it reads; earlier replies still"
+        " unread past it when new ones are ready disconnect it",
         kind="count",
         bounds=Range(64 * 1024, 2**34),
     )

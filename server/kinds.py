@@ -15,6 +15,8 @@ import math
 import re
 from typing import Final, NamedTuple
 
+from tidal.protocol.errors import quoted
+
 _COUNT: Final = re.compile(r"\s*\+?([0-9]+)\s*")
 _DURATION: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", re.IGNORECASE)
 _NUMBER: Final = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*")
@@ -107,12 +109,8 @@ def within(value: float, bounds: Range, unit: str = "") -> None:
         raise ValueError(f"must be {bounds.words(unit)}, got {_plain(value)}{unit}")
 
 
-def shown(text: str, most: int = 100) -> str:
-    """A value as an error quotes it: escaped, and cut to ``most`` characters with its
-    length said, so that a mistake of a megabyte is not echoed whole."""
-    if len(text) <= most:
-        return repr(text)
-    return f"{text[:most]!r}... ({len(text)} characters)"
+#: a value as an error quotes it: escaped, and cut with its length said
+shown = quoted
 
 
 def _plain(number: float) -> str:

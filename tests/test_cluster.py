@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import signal
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -389,6 +391,25 @@ async def test_the_blocking_client_routes_too(nodes: Nodes, database: Database) 
 
     await asyncio.to_thread(work)
     assert len(await database.rows("SELECT 1 FROM ledger WHERE entity = 's'")) == 120
+
+
+async def test_the_cli_follows_moved_to_the_owner(nodes: Nodes) -> None:
+    """``tidal status 42`` against a node that does not serve user 42 printed ``moved``;
+    it follows it, as redis-cli -c does, and says so on stderr."""
+    serving = await nodes.serving(2)
+    cluster_map = await nodes.map(serving[0])
+    user = next(u for u in range(1000) if owner(cluster_map, u) != nodes.address(serving[0]))
+    async with await serving[1].connect() as c:
+        await c.leave(user)
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tidal.cli", "status", str(user), "--json",
+        "--port", str(serving[0].port),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(done.communicate(), 30)
+    assert done.returncode == 0, err
+    assert json.loads(out)["status"] == "left"
+    assert f"-> moved to {owner(cluster_map, user)}" in err.decode()
 
 
 async def test_the_feed_has_gap_free_ids_in_commit_order_on_every_node(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import sys
@@ -349,6 +350,7 @@ async def test_tidal_watch_prints_each_event_as_it_happens(process: ServerProces
         assert text.stdout is not None
         line = (await asyncio.wait_for(text.stdout.readline(), 10)).decode()
         assert line.startswith("3 erase ") and "user_id=2" in line and "erased=0" in line, line
+        assert re.search(r" at=20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00", line), line
         text.kill()
         await text.wait()
         gone = await asyncio.create_subprocess_exec(
@@ -416,3 +418,45 @@ async def test_a_replay_goes_on_across_the_database_stopped_and_started(
         assert ids == list(range(1, 151))
     finally:
         await server.shutdown()
+
+
+async def test_tidal_watch_resumes_after_a_restart_longer_than_its_clients_retries(
+    db_path: Path,
+) -> None:
+    """It gave up after 6.4 s of silence ("could not resubscribe"), though its help said it
+    resumes after a restart. Now it tries again with a growing pause until interrupted,
+    saying so, and goes on from the last event it printed."""
+    port = free_port()
+    process = ServerProcess(db_path, "--port", str(port))
+    await process.start()
+    async with await process.connect() as c:
+        await c.leave(1)
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tidal.cli", "watch", "--port", str(port), "--from", "0", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, preexec_fn=ctrl_c,
+    )  # fmt: skip
+    assert watch.stdout is not None and watch.stderr is not None
+    try:
+        first = json.loads(await asyncio.wait_for(watch.stdout.readline(), 10))
+        assert (first["id"], first["event"]) == (1, "leave")
+        await process.stop()
+        said: list[str] = []
+        while not said or "trying again in 2 s" not in said[-1]:  # past the client's 6.4 s
+            said.append((await asyncio.wait_for(watch.stderr.readline(), 30)).decode())
+            assert said[-1], "tidal watch exited while the server was away: " + "".join(said)
+        assert said[0].startswith(f"tidal watch: lost 127.0.0.1:{port}"), said
+        await process.start()
+        while "resumed after" not in said[-1]:
+            said.append((await asyncio.wait_for(watch.stderr.readline(), 30)).decode())
+            assert said[-1], "tidal watch exited: " + "".join(said)
+        async with await process.connect() as c:
+            await c.rejoin(1)
+        nxt = json.loads(await asyncio.wait_for(watch.stdout.readline(), 10))
+        assert (nxt["id"], nxt["event"], nxt["user_id"]) == (2, "rejoin", 1)
+        watch.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(watch.wait(), 10) == 0
+    finally:
+        if watch.returncode is None:
+            watch.kill()
+            await watch.wait()
+        await process.stop()

@@ -158,6 +158,19 @@ def test_a_read_only_database_is_called_read_only_not_damaged(read_only_disk: Pa
     assert "damaged" not in line and "recover" not in line
 
 
+def test_another_programs_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """``serve --db app.db``, where app.db holds an application's tables: it was served,
+    and tidal added 22 tables to it."""
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as made:
+        made.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        made.execute("INSERT INTO users VALUES (1, 'ada')")
+    made.close()
+    before = files(tmp_path)
+    refused(serve(db), str(db), "another program's tables (users)", "writes nothing")
+    assert files(tmp_path) == before  # not a byte changed, no -wal or -shm left
+
+
 def test_a_database_from_a_newer_tidal(tmp_path: Path) -> None:
     db = tmp_path / "t.db"
     with sqlite3.connect(db) as made:
@@ -225,6 +238,16 @@ def test_a_bad_environment_value_names_the_variable(
         (["status", "42", "--timeout", "0"], "argument --timeout: must be more than 0s"),
         (["status", "18446744073709551616"], "argument user_id: must be 0 to 18446744073709551615"),
         (["top", "ledger", "view", "--limit", "0"], "argument --limit: must be 1 to 1000"),
+        # the nearest command or flag, as git and cargo suggest, told by the command given
+        (["stauts", "42"], "invalid choice: 'stauts'"),
+        (
+            ["status", "42", "--jsn"],
+            "tidal status: unrecognized arguments: --jsn; did you mean '--json'?",
+        ),
+        (
+            ["top", "ledger", "view", "--windw", "1h"],
+            "tidal top: unrecognized arguments: --windw 1h; did",
+        ),
     ],
 )
 def test_a_bad_flag_gets_one_line_naming_it(tmp_path: Path, argv: list[str], says: str) -> None:
@@ -232,6 +255,10 @@ def test_a_bad_flag_gets_one_line_naming_it(tmp_path: Path, argv: list[str], say
     done = tidal(*argv, "--db", str(tmp_path / "t.db")) if argv[0] == "serve" else tidal(*argv)
     refused(done, says, "--help")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_misspelt_command_is_told_the_nearest() -> None:
+    refused(tidal("stauts", "42"), "did you mean 'stats' or 'status'?")
 
 
 def test_serve_help_prints_every_setting() -> None:
@@ -310,6 +337,48 @@ async def test_ctrl_c_during_bench_prints_what_it_measured(process: ServerProces
     assert "interrupted (Ctrl-C)" in out and "requests/s" in out, out
     answered = re.search(r"the (\d+) requests answered", out)
     assert answered is not None and 1000 <= int(answered[1]) < 1_000_000, out
+
+
+async def test_ctrl_c_during_bench_cleans_up_only_what_it_sent_without_flooding_the_log(
+    process: ServerProcess,
+) -> None:
+    """Its summary came only after about 55 s of silent clean-up that erased every user it
+    had planned for (94,962, more than the requests answered), one commit each, writing
+    130,000 lines to the server's log. Now the summary comes first; then the users of the
+    requests it sent are erased, a batch at a time, with a line for their number, and the
+    server logs at most a line a second of them."""
+    await process.start()
+    bench = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tidal.cli", "bench", "-p", str(process.port), "-c", "2",
+        "-n", "1000000",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with await process.connect() as c:
+            for _ in range(3000):  # polled: a minute at most
+                if (await c.stats())["signals"] >= 1000:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("tidal bench sent no 1,000 signals in a minute")
+        bench.send_signal(signal.SIGINT)
+        out, err = (b.decode() for b in await asyncio.wait_for(bench.communicate(), 120))
+    finally:
+        if bench.returncode is None:
+            bench.kill()
+    assert bench.returncode == 130, err
+    answered = re.search(r"the (\d+) requests answered", out)
+    assert answered is not None, out
+    cleaning = re.search(r"cleaning up ([\d,]+) users", err)
+    assert cleaning is not None, err
+    # a signal each, from 2 connections with one request in flight each
+    assert 0 < int(cleaning[1].replace(",", "")) <= int(answered[1]) + 2, (out, err)
+    assert re.search(r"erased and rejoined its [\d,]+ users", err), err
+    async with await process.connect() as c:
+        stats = await c.stats()
+        assert stats["users_left"] == 0, stats
+    erased = [line for line in process.log if b"signals erased" in line]
+    assert len(erased) < 100, f"{len(erased)} lines of erases in the server's log"
 
 
 async def test_environment_choices_ignore_case(db_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shlex
 import subprocess
 import sys
 import time
@@ -358,6 +359,16 @@ async def test_tidal_top_prints_a_table_and_json(process: ServerProcess) -> None
     # the next page, from the cursor --json printed
     done = await asyncio.to_thread(tidal_top, process.port, *args, "--after", reply["next"])
     assert [e["entity"] for e in json.loads(done.stdout)["entities"]] == ["song-b"], done.stderr
+    # the table prints the command for the next page; its ranks go on from the first page's
+    done = await asyncio.to_thread(tidal_top, process.port, "ledger", "view", "--limit", "1")
+    *_, said, command = done.stdout.splitlines()
+    assert said.endswith("more after these:"), done.stdout
+    argv = shlex.split(command)
+    assert argv[0] == "tidal" and argv[-2] == "--after", command
+    pasted = [sys.executable, "-m", "tidal.cli", *argv[1:]]  # as a person pastes it
+    done = await asyncio.to_thread(subprocess.run, pasted, capture_output=True, text=True)
+    assert done.stdout.splitlines()[1].split() == ["2", "song-b", "1", "2.5", "1"], done.stdout
+    assert "more after these" not in done.stdout
     done = await asyncio.to_thread(tidal_top, process.port, "ledger", "view", "--window", "1d")
     assert done.stdout.splitlines()[1].split() == ["1", "song-a", "3", "3", "3"], done.stderr
     done = await asyncio.to_thread(tidal_top, process.port, "community", "nojazz", "view")

@@ -137,8 +137,8 @@ def test_a_message_size_that_leaves_no_room_for_a_reply_is_refused_at_start(
     tmp_path: Path,
 ) -> None:
     for size in (1024, MIN_MESSAGE_SIZE - 1):
-        line = refused(serve(tmp_path / "t.db", "--max-message-size", str(size)), "at least")
-        assert str(MIN_MESSAGE_SIZE) in line and "max_message_size" in line
+        line = refused(serve(tmp_path / "t.db", "--max-message-size", str(size)), "must be")
+        assert f"{MIN_MESSAGE_SIZE} to " in line and "--max-message-size" in line
 
 
 async def test_at_the_smallest_message_size_every_read_pages_and_the_writer_lives(

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from tidal.protocol.errors import quoted
+
 MINUTE_NS: Final = 60 * 10**9
 HOUR_NS: Final = 3600 * 10**9
 #: a signal's event time may be at most this far ahead of the server's clock
@@ -78,8 +80,9 @@ def parse_half_life(text: str) -> int:
     number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1)
     # ASCII digits: isdigit() and int() take any script's ("٦h" would be 6h)
     if not (number.isascii() and number.isdigit()) or not 0 < int(number) * unit <= MAX_HALF_LIFE:
-        shown = repr(text) if len(text) <= 100 else f"{text[:100]!r}... ({len(text)} characters)"
-        raise ValueError(f"{shown} is not a whole number of s, m, h or d, above 0 and at most 365d")
+        raise ValueError(
+            f"{quoted(text)} is not a whole number of s, m, h or d, above 0 and at most 365d"
+        )
     return int(number) * unit
 
 
