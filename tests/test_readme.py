@@ -1,6 +1,10 @@
-"""README's examples, run in order on a fresh database: each exits cleanly, and each
-``print`` prints what its comment says (the comment's text before any parenthesis,
-``...`` matching anything), as a new user trying them would see."""
+"""The examples in README and docs/, run as written, in order, against a real server on a
+fresh database, as a newcomer following them to the letter would: every Python block
+is a whole program that exits cleanly, and each of its commented ``print`` lines prints
+what its comment says (the comment's text before any parenthesis, ``...`` matching
+anything); every ``tidal`` command of a shell block exits 0. Shell lines that set up
+another machine (make, containers, a cluster's nodes) are named here, so that a new kind
+of line is noticed rather than skipped."""
 
 from __future__ import annotations
 
@@ -14,15 +18,20 @@ from pathlib import Path
 
 from .conftest import ServerProcess
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: shell lines that are not run here: what they do is set up a machine, a container or a
+#: node, which the tests of deploy/ and cluster mode do for real
+ELSEWHERE = re.compile(
+    r"(make|docker|podman|sudo|psql|patronictl)\b"
+    r"|export TIDAL_TOKEN=|TIDAL_PYTHON_IMAGE=|DB=|TIDAL_HOST=tidal1|tidal serve "
+    r"|\. \.venv/bin/activate"
+)
 
 
-def blocks(language: str, section: str) -> list[str]:
-    """The code blocks of ``language`` in README's ``section``."""
-    text = README.read_text()
-    start = text.index(f"\n## {section}\n")
-    end = text.find("\n## ", start + 1)
-    return re.findall(rf"```{language}\n(.*?)```", text[start:end], re.DOTALL)
+def blocks(path: Path, language: str) -> list[str]:
+    """The code blocks of ``language`` in a Markdown file, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(), re.DOTALL | re.MULTILINE)
 
 
 def expected(code: str) -> list[str]:
@@ -35,28 +44,35 @@ def expected(code: str) -> list[str]:
     return wanted
 
 
-async def test_readme_examples_do_what_their_comments_say(process: ServerProcess) -> None:
+def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_every_example_runs_as_written(process: ServerProcess, tmp_path: Path) -> None:
     await process.start()
     env = {**os.environ, "TIDAL_PORT": str(process.port)}
-    for code in blocks("sh", "Talking to it"):
-        for line in code.splitlines():
-            if line.startswith(".venv/bin/tidal "):
-                argv = [sys.executable, "-m", "tidal.cli", *shlex.split(line, comments=True)[1:]]
-                done = await asyncio.to_thread(
-                    subprocess.run, argv, env=env, capture_output=True, text=True, timeout=60
+    ran = 0
+    for path in DOCS:
+        for code in blocks(path, "sh"):
+            for line in code.splitlines():
+                command = line.split("  #", 1)[0].strip()
+                if not command or command.startswith("#") or ELSEWHERE.match(command):
+                    continue
+                argv = shlex.split(command, comments=True)
+                assert argv[0] == "tidal", (
+                    f"{path.name}: a shell line this test does not know: {line}"
                 )
-                assert done.returncode == 0, (line, done.stderr)
-    python = blocks("python", "Talking to it")
-    assert len(python) == 2, "README's asyncio and blocking examples"
-    for code in python:
-        script = code.replace("7411", str(process.port))
-        done = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-c", script], capture_output=True, text=True,
-            timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        printed = done.stdout.splitlines()
-        wanted = expected(code)
-        assert len(printed) == len(wanted), (printed, wanted)
-        for line, pattern in zip(printed, wanted, strict=True):
-            assert re.fullmatch(pattern, line), (line, pattern)
+                argv = [sys.executable, "-m", "tidal.cli", *argv[1:]]
+                done = await asyncio.to_thread(run, argv, tmp_path, env)
+                assert done.returncode == 0, (path.name, line, done.stderr)
+                ran += 1
+        for code in blocks(path, "python"):
+            script = code.replace("7411", str(process.port))
+            done = await asyncio.to_thread(run, [sys.executable, "-c", script], tmp_path, env)
+            assert done.returncode == 0, (path.name, code, done.stderr)
+            printed, wanted = done.stdout.splitlines(), expected(code)
+            assert len(printed) == len(wanted), (path.name, code, printed, wanted)
+            for line, pattern in zip(printed, wanted, strict=True):
+                assert re.fullmatch(pattern, line), (path.name, line, pattern)
+            ran += 1
+    assert ran >= 18, f"only {ran} examples found: is the README's form still read right?"
