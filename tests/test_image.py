@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import os
+import socket
 import subprocess
 import time
 import uuid
@@ -273,7 +274,9 @@ class Compose:
 
 
 def test_podman_compose_brings_the_tidal_service_up_and_down(image: str, tmp_path: Path) -> None:
-    compose = Compose(tmp_path, {"tidal": image})
+    """On a free port of its own: ``make test`` passes while ``make run`` serves on 7411."""
+    port = free_port()
+    compose = Compose(tmp_path, {"tidal": image}, TIDAL_BIND=f"127.0.0.1:{port}")
     try:
         done = compose("up", "-d", "--no-build", "tidal")
         assert done.returncode == 0, done.stderr
@@ -285,6 +288,8 @@ def test_podman_compose_brings_the_tidal_service_up_and_down(image: str, tmp_pat
         )
         metrics = podman("exec", container, "python", "-c", scrape).stdout
         assert "tidal_connections" in metrics  # where Prometheus scrapes it
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # published where it was told
     finally:
         compose.down()
 
