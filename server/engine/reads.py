@@ -32,7 +32,7 @@ from tidal.protocol.partitions import HASH
 from tidal.server.core import orders, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
-from tidal.server.errors import StorageFailure
+from tidal.server.errors import RequestError, StorageFailure
 from tidal.server.storage import past as storage_past
 from tidal.server.storage.sqlbulk import Dialect, Plan
 from tidal.server.version import VERSION, compiled
@@ -109,9 +109,8 @@ class Reads:
             self._engine.past.defer(conn, lambda: self.history(conn, msgid, args))
             return
         committer = self._engine.committer
-        if not committer.room.fits(
-            conn, limit * HISTORY_LINE_BYTES, lambda: self.history(conn, msgid, args)
-        ):
+        again = _again(conn, msgid, lambda: self.history(conn, msgid, args))
+        if not committer.room.fits(conn, limit * HISTORY_LINE_BYTES, again):
             return
         mine = [e for e in committer.open.history if e.user_id == user_id]
         read = HistoryRead(user_id, after_ns, limit, mine)
@@ -127,9 +126,8 @@ class Reads:
             conn.reply(None, None)
             return
         committer = self._engine.committer
-        if not committer.room.fits(
-            conn, limit * LEFT_USER_BYTES, lambda: self.left_users(conn, msgid, args)
-        ):
+        again = _again(conn, msgid, lambda: self.left_users(conn, msgid, args))
+        if not committer.room.fits(conn, limit * LEFT_USER_BYTES, again):
             return
         changes = {
             user_id: change
@@ -247,3 +245,17 @@ class Reads:
             state = self._engine.committer.full_state
             return report(state, f"the last commit failed ({full}); writes are refused")
         return report("ok")
+
+
+def _again(conn: Replier, msgid: int, read: Callable[[], None]) -> Callable[[], None]:
+    """A read taken on again once there is room: what it refuses now (its user's partition
+    gone meanwhile) is its reply, as it would have been when it came."""
+
+    def again() -> None:
+        try:
+            read()
+        except RequestError as exc:
+            conn.reply_error(msgid, exc.code, str(exc))
+            conn.flush()
+
+    return again

@@ -116,6 +116,8 @@ class ServerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.flow.set(FlowControl.BLOCKED, False)
+        if self.flow.stopped & FlowControl.READS:
+            self._judge_reads()  # the peer read: its unsent replies no longer fill the allowance
         if self.listener is not None:
             self.listener.writable()
 
@@ -266,6 +268,9 @@ class ServerConnection(asyncio.Protocol):
         nothing more is applied until replies are written out and read."""
         self._reads += 1 if bytes_ > 0 else -1
         self._reserved += bytes_
+        self._judge_reads()
+
+    def _judge_reads(self) -> None:
         full = self._reserved + self.transport.get_write_buffer_size()
         self.flow.set(
             FlowControl.READS,
