@@ -163,6 +163,7 @@ class HistoryRead(Later):
 
     def answer(self) -> list[dict[str, Any]]:
         lines = [line(*row) for row in self.rows]
+        self.rows = []  # let go of as soon as answered: the batch's other reads are built next
         # event times increase across all events: the batch's come after the table's
         lines += [e.wire() for e in self.pending if e.at_ns > self.after_ns]
         return lines[: self.limit]
@@ -188,6 +189,7 @@ class LeftRead(Later):
 
     def answer(self) -> dict[str, Any]:
         left = dict(self.rows)
+        self.rows = []  # let go of as soon as answered: the batch's other reads are built next
         for user_id, (is_left, at) in self.changes.items():
             if is_left:
                 left[user_id] = at

@@ -22,11 +22,7 @@ def deliver(room: ReplyRoom, batch: Batch) -> None:
     and let go of: what waited for the batch is built one reply at a time, not all at once
     (``room``)."""
     touched: dict[Replier, None] = {}
-    replies = batch.replies
-    batch.replies = []
-    replies.reverse()
-    while replies:
-        conn, msgid, result = replies.pop()
+    for conn, msgid, result in batch.replies:
         if isinstance(result, Later):
             answer(conn, msgid, result.answer)
             if result.is_read:
