@@ -15,7 +15,6 @@ ranks by, a cursor must be one it made) is named below, with why.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import socket
@@ -33,6 +32,8 @@ from hypothesis import strategies as st
 from tidal.cli.child import listening_port
 from tidal.protocol import ErrorCode
 from tidal.protocol.methods import TABLE
+
+from .test_openrpc import as_json
 
 #: methods whose params are not generated: they change the connection (auth, the feed)
 NOT_GENERATED = {"auth", "subscribe", "unsubscribe"}
@@ -93,17 +94,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Peer, dic
     finally:
         child.terminate()
         child.wait(30)
-
-
-def as_json(value: Any) -> Any:
-    """A reply as the document's JSON Schema sees it: a bin as base64 text."""
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, list | tuple):
-        return [as_json(v) for v in value]
-    if isinstance(value, dict):
-        return {k: as_json(v) for k, v in value.items()}
-    return value
 
 
 def params_schema(method: dict[str, Any]) -> dict[str, Any]:

@@ -312,45 +312,12 @@ async def test_stats_and_status_print_json_and_p_is_the_port(process: ServerProc
     assert (status["user_id"], status["status"]) == (5, "left") and status["left_at_ns"] > 2**53
 
 
-async def test_ctrl_c_during_bench_prints_what_it_measured(process: ServerProcess) -> None:
-    await process.start()
+async def interrupted_bench(process: ServerProcess, *extra: str) -> tuple[str, str, int | None]:
+    """``tidal bench`` stopped by Ctrl-C once under way (the server has counted 1,000 of its
+    signals): what it printed, and its exit status."""
     bench = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tidal.cli", "bench", "-p", str(process.port), "-c", "2",
-        "-n", "1000000", "--keep",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        async with await process.connect() as c:  # under way: the server has counted signals
-            for _ in range(3000):  # polled: a minute at most
-                if (await c.stats())["signals"] >= 1000:
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("tidal bench sent no 1,000 signals in a minute")
-        bench.send_signal(signal.SIGINT)
-        out, err = (b.decode() for b in await asyncio.wait_for(bench.communicate(), 60))
-    finally:
-        if bench.returncode is None:
-            bench.kill()
-    assert bench.returncode == 130, err
-    assert "Traceback" not in err, err
-    assert "interrupted (Ctrl-C)" in out and "requests/s" in out, out
-    answered = re.search(r"the (\d+) requests answered", out)
-    assert answered is not None and 1000 <= int(answered[1]) < 1_000_000, out
-
-
-async def test_ctrl_c_during_bench_cleans_up_only_what_it_sent_without_flooding_the_log(
-    process: ServerProcess,
-) -> None:
-    """Its summary came only after about 55 s of silent clean-up that erased every user it
-    had planned for (94,962, more than the requests answered), one commit each, writing
-    130,000 lines to the server's log. Now the summary comes first; then the users of the
-    requests it sent are erased, a batch at a time, with a line for their number, and the
-    server logs at most a line a second of them."""
-    await process.start()
-    bench = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tidal.cli", "bench", "-p", str(process.port), "-c", "2",
-        "-n", "1000000",
+        "-n", "1000000", *extra,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -366,7 +333,30 @@ async def test_ctrl_c_during_bench_cleans_up_only_what_it_sent_without_flooding_
     finally:
         if bench.returncode is None:
             bench.kill()
-    assert bench.returncode == 130, err
+    return out, err, bench.returncode
+
+
+async def test_ctrl_c_during_bench_prints_what_it_measured(process: ServerProcess) -> None:
+    await process.start()
+    out, err, code = await interrupted_bench(process, "--keep")
+    assert code == 130, err
+    assert "Traceback" not in err, err
+    assert "interrupted (Ctrl-C)" in out and "requests/s" in out, out
+    answered = re.search(r"the (\d+) requests answered", out)
+    assert answered is not None and 1000 <= int(answered[1]) < 1_000_000, out
+
+
+async def test_ctrl_c_during_bench_cleans_up_only_what_it_sent_without_flooding_the_log(
+    process: ServerProcess,
+) -> None:
+    """Its summary came only after about 55 s of silent clean-up that erased every user it
+    had planned for (94,962, more than the requests answered), one commit each, writing
+    130,000 lines to the server's log. Now the summary comes first; then the users of the
+    requests it sent are erased, a batch at a time, with a line for their number, and the
+    server logs at most a line a second of them."""
+    await process.start()
+    out, err, code = await interrupted_bench(process)
+    assert code == 130, err
     answered = re.search(r"the (\d+) requests answered", out)
     assert answered is not None, out
     cleaning = re.search(r"cleaning up ([\d,]+) users", err)
