@@ -50,7 +50,7 @@ def count(text: str) -> int:
     """A whole number in ASCII digits."""
     match = _COUNT.fullmatch(text)
     if match is None:
-        raise ValueError(f"must be a whole number in digits 0-9, got {shown(text)}")
+        raise ValueError(f"must be a whole number in digits 0-9, got {quoted(text)}")
     return int(match[1])
 
 
@@ -58,7 +58,7 @@ def number(text: str) -> float:
     """A plain decimal number in ASCII digits (no exponent: nothing that parses as inf)."""
     match = _NUMBER.fullmatch(text)
     if match is None:
-        raise ValueError(f"must be a number such as 0.25 in digits 0-9, got {shown(text)}")
+        raise ValueError(f"must be a number such as 0.25 in digits 0-9, got {quoted(text)}")
     return float(match[1])
 
 
@@ -67,11 +67,11 @@ def duration(text: str) -> float:
     match = _DURATION.fullmatch(text)
     if match is None:
         raise ValueError(
-            f"must be a duration such as 30d, 12h, 90m, 45s, 0.5 or 0, got {shown(text)}"
+            f"must be a duration such as 30d, 12h, 90m, 45s, 0.5 or 0, got {quoted(text)}"
         )
     seconds = float(match[1]) * _UNITS[match[2].lower() or "s"]
     if not seconds <= MAX_SECONDS:  # 10**400 parses as inf
-        raise ValueError(f"must be at most {_plain(MAX_SECONDS / DAY)}d, got {shown(text)}")
+        raise ValueError(f"must be at most {_plain(MAX_SECONDS / DAY)}d, got {quoted(text)}")
     return seconds
 
 
@@ -79,7 +79,7 @@ def port(text: str) -> int:
     try:
         number = count(text)
     except ValueError:
-        raise ValueError(f"port must be an integer, got {shown(text)}") from None
+        raise ValueError(f"port must be an integer, got {quoted(text)}") from None
     if not 0 <= number <= 65535:
         raise ValueError(f"port must be in 0..65535, got {number}")
     return number
@@ -92,14 +92,14 @@ def address(text: str) -> str:
     if not value or any(c.isspace() for c in value):
         raise ValueError(
             f"must be a host name or an IP address (0.0.0.0 listens on every interface),"
-            f" got {shown(text)}"
+            f" got {quoted(text)}"
         )
     return value
 
 
 def path(text: str) -> str:
     if not text.strip() or "\0" in text:
-        raise ValueError(f"must be a file's path, got {shown(text)}")
+        raise ValueError(f"must be a file's path, got {quoted(text)}")
     return text
 
 
@@ -107,10 +107,6 @@ def within(value: float, bounds: Range, unit: str = "") -> None:
     """Refuse a parsed value outside ``bounds``, in words that say them."""
     if not bounds.holds(value):
         raise ValueError(f"must be {bounds.words(unit)}, got {_plain(value)}{unit}")
-
-
-#: a value as an error quotes it: escaped, and cut with its length said
-shown = quoted
 
 
 def _plain(number: float) -> str:
