@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple, TypeAlias, TypeVar
+from typing import Any, Final, NamedTuple, NoReturn, TypeAlias, TypeVar
 
 from tidal.server.core.ledger import I64_MAX as I64_MAX  # the rule's one place
 from tidal.server.core.ledger import U64 as U64
@@ -119,6 +119,13 @@ class Fill(NamedTuple):
 
 Op: TypeAlias = Exec | Rows | Changed | Many | Put | Try | Fill | Begin | Commit
 Plan: TypeAlias = Generator[Op, Any, T]
+
+
+def unknown(op: NoReturn) -> NoReturn:
+    """A runner's last branch, after one per kind of ``Op``: mypy refuses a runner that
+    leaves a kind out (``op`` is not ``NoReturn`` then), and at run time an operation of no
+    known kind raises, and the transaction it is in rolls back rather than commits."""
+    raise TypeError(f"a plan yielded {op!r}, which is no kind of storage operation")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ import asyncpg
 from tidal.server.storage.sqlbulk import (
     Begin,
     Changed,
+    Commit,
     Exec,
     Fill,
     Many,
@@ -21,6 +22,7 @@ from tidal.server.storage.sqlbulk import (
     Put,
     Rows,
     Try,
+    unknown,
 )
 
 from .session import STATEMENT_TIMEOUT, numbered, try_rows, unnest
@@ -230,7 +232,7 @@ async def _run(conn: asyncpg.Connection, ids: BatchIds, plan: Plan[T], t: float 
             elif isinstance(op, Begin):
                 await conn.execute("BEGIN", timeout=t)
                 in_transaction = True
-            else:
+            elif isinstance(op, Commit):
                 ids.next_id += 1
                 await move_batch_id(conn, ids.key, ids.last_id, ids.next_id, t)
                 in_transaction = False
@@ -238,6 +240,8 @@ async def _run(conn: asyncpg.Connection, ids: BatchIds, plan: Plan[T], t: float 
                 if warning is not None:
                     raise CommitUnreplicated(warning)
                 ids.last_id = ids.next_id
+            else:  # a kind this runner does not know: never taken for a COMMIT
+                unknown(op)
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except TimeoutError:

@@ -31,6 +31,7 @@ from tidal.server.storage.sqlbulk import (
     Begin,
     Bulk,
     Changed,
+    Commit,
     Dialect,
     Exec,
     Fill,
@@ -39,6 +40,7 @@ from tidal.server.storage.sqlbulk import (
     Put,
     Rows,
     Try,
+    unknown,
 )
 
 from . import schema
@@ -198,9 +200,11 @@ def run(db: sqlite3.Connection, plan: Plan[T]) -> T:
             elif isinstance(op, Begin):
                 db.execute("BEGIN IMMEDIATE")
                 in_transaction = True
-            else:
+            elif isinstance(op, Commit):
                 db.execute("COMMIT")
                 in_transaction = False
+            else:  # a kind this runner does not know: never taken for a COMMIT
+                unknown(op)
     except StopIteration as done:
         return cast(T, done.value)
     except BaseException:
