@@ -92,9 +92,7 @@ async def join(
         )
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *_SETUP)
-        await steps(
-            conn, f"--db {location}", CLUSTER_MIGRATIONS, "tidal_cluster_schema", "cluster schema"
-        )
+        await steps(conn, f"--db {location}", CLUSTER_MIGRATIONS, "tidal_cluster_schema", "cluster")
         row = await conn.fetchrow("SELECT name, partitions, hash, log_format FROM tidal_cluster")
         if row is None:
             top = await conn.fetchval("SELECT COALESCE(MAX(seq), 0) FROM ledger")

@@ -8,15 +8,13 @@ database's locale. ``tidal_schema`` says which version is there, as SQLite's
 
 from __future__ import annotations
 
-import logging
 from typing import Final
 
 import asyncpg
 
 from tidal.server.errors import DatabaseUnusable
 from tidal.server.storage.sqlbulk import LEDGER_COUNTED
-
-log = logging.getLogger("tidal.storage")
+from tidal.server.storage.versions import spans, told
 
 #: Each entry takes the schema from version i to i + 1. Version 1 is SQLite's version 4,
 #: version 2 its version 5, and so on.
@@ -211,7 +209,7 @@ async def _migrate(db: asyncpg.Connection, location: str) -> None:
             f"{location} has a table named ledger that tidal did not make; give tidal a"
             " database (or a schema, through search_path) of its own"
         )
-    await steps(db, location, MIGRATIONS, "tidal_schema", "database schema")
+    await steps(db, location, MIGRATIONS, "tidal_schema", "database")
 
 
 async def steps(
@@ -224,13 +222,15 @@ async def steps(
     version = await db.fetchval(f"SELECT MAX(version) FROM {table}") or 0
     if version > len(migrations):
         raise DatabaseUnusable(
-            f"{location} has tidal {what} version {version}, newer than this tidal understands"
-            f" ({len(migrations)}): it was written by a newer tidal; run that version, or"
-            " restore a dump taken before the upgrade"
+            f"{location} has tidal {what} schema version {version}, newer than this tidal"
+            f" understands ({len(migrations)}): it was written by a newer tidal; run that"
+            " version, or restore a dump taken before the upgrade"
         )
-    for target in range(version, len(migrations)):
+    for first, last in spans(version, len(migrations)):
         async with db.transaction():
-            for statement in migrations[target]:
-                await db.execute(statement)
-            await db.execute(f"INSERT INTO {table} (version) VALUES ($1)", target + 1)
-        log.info("%s migrated to version %d", what, target + 1)
+            for step in migrations[first:last]:
+                for statement in step:
+                    await db.execute(statement)
+            versions = f"INSERT INTO {table} (version) SELECT generate_series($1::int, $2)"
+            await db.execute(versions, first + 1, last)  # a row per version, as ever
+    told(what, version, len(migrations))

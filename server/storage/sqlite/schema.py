@@ -3,7 +3,6 @@ cannot be opened, told the operator's way (damage apart from everything else).""
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import stat
@@ -13,8 +12,7 @@ import aiosqlite
 
 from tidal.server.errors import CorruptDatabase, DatabaseUnusable
 from tidal.server.storage.sqlbulk import LEDGER_COUNTED
-
-log = logging.getLogger("tidal.storage")
+from tidal.server.storage.versions import spans, told
 
 #: Each entry takes the schema from version i to i + 1; ``PRAGMA user_version`` says where we are.
 MIGRATIONS: Final[list[list[str]]] = [
@@ -234,14 +232,17 @@ async def migrate(db: aiosqlite.Connection, location: str) -> None:
             f" ({SCHEMA_VERSION}): it was written by a newer tidal; run that version, or restore"
             " a backup taken before the upgrade"
         )
-    for target in range(version, SCHEMA_VERSION):
+    # a new file is made at the current schema in one transaction; an older one steps up a
+    # version at a time, each step committed with its version
+    for first, last in spans(version, SCHEMA_VERSION):
         await db.execute("BEGIN IMMEDIATE")
         try:
-            for statement in MIGRATIONS[target]:
-                await db.execute(statement)
-            await db.execute(f"PRAGMA user_version = {target + 1}")
+            for step in MIGRATIONS[first:last]:
+                for statement in step:
+                    await db.execute(statement)
+            await db.execute(f"PRAGMA user_version = {last}")
             await db.execute("COMMIT")
         except BaseException:
             await db.execute("ROLLBACK")
             raise
-        log.info("database schema migrated to version %d", target + 1)
+    told("database", version, SCHEMA_VERSION)
