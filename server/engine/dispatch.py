@@ -20,21 +20,6 @@ Handler = Callable[[Replier, int | None, list[Any]], None]
 CONNECTION_METHODS = frozenset({"auth"})
 
 
-def handlers(own: dict[str, Handler], *objects: object) -> dict[str, Handler]:
-    """The handler of each declared method that ``own`` has not: the method of that name
-    on the one of ``objects`` whose class has one. A method then needs its table entry and
-    its handler, and no line here; two handlers of one name stop the server at its start."""
-    found: dict[str, Handler] = {}
-    for name in sorted(set(BY_NAME) - CONNECTION_METHODS - set(own)):
-        bearers = [o for o in objects if callable(getattr(type(o), name, None))]
-        if len(bearers) > 1:
-            kinds = ", ".join(type(o).__name__ for o in bearers)
-            raise RuntimeError(f"method {name!r} has a handler on each of {kinds}")
-        if bearers:
-            found[name] = getattr(bearers[0], name)
-    return found
-
-
 def dispatch(served: dict[str, Handler]) -> dict[str, tuple[Handler, int, int, Edge | None]]:
     """Each handler with the least and the most params its method takes, and its edge: the
     rules its params are checked and parsed by before it runs (None: it reads them as sent,

@@ -47,8 +47,9 @@ from tidal.server.storage.interface import Snapshot, Storage
 
 from .changes import Changes
 from .committer import Committer
-from .dispatch import Handler, discover, dispatch, handlers
+from .dispatch import dispatch
 from .feed import Feed
+from .handlers import served
 from .past import Past
 from .ranked import Ranked
 from .reads import Reads
@@ -141,17 +142,11 @@ class Engine:
             heartbeat=heartbeat,
             retention=event_retention,
         )
-        self._methods: dict[str, Handler] = {
-            "signal": self._signal,
-            "signal_batch": self._signal_batch,
-            "rpc.discover": discover,
-        }
         changes = Changes(self, snapshot.last_event_ns, clock)
         ranked = Ranked(self, clock)
         reads = self._reads = Reads(self, ranked)
         self.health = reads.health_report
-        # every other method's handler is the one of these that bears its name
-        self._methods.update(handlers(self._methods, changes, self.feed, reads, ranked))
+        self._methods = served(self._signal, self._signal_batch, changes, self.feed, reads, ranked)
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
