@@ -7,6 +7,7 @@ on disk.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
@@ -24,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from tidal import cli
 from tidal.server.storage.sqlite.schema import SCHEMA_VERSION
 
-from .conftest import ServerProcess, tmpfs
+from .conftest import Database, ServerProcess, tmpfs
 
 
 def tidal(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -268,6 +270,24 @@ def test_serve_help_prints_every_setting() -> None:
     assert "--memory-budget" in done.stdout and "60%" in done.stdout
 
 
+def command_lines(parser: argparse.ArgumentParser) -> Iterator[list[str]]:
+    """The words of every command the parser has, itself first, then its subcommands'."""
+    yield []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from ([name, *words] for words in command_lines(sub))
+
+
+@pytest.mark.parametrize("words", [" ".join(w) for w in command_lines(cli._parser()[0])])
+def test_every_command_help_exits_0(words: str) -> None:
+    """Generated from the parser: a command added later is covered as it is added."""
+    done = tidal(*words.split(), "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: tidal {words}".rstrip()), done.stdout
+    assert done.stderr == ""
+
+
 def test_an_empty_host_variable_is_unset_and_binds_loopback(tmp_path: Path) -> None:
     """A compose file's ``TIDAL_HOST=${TIDAL_HOST}`` with nothing behind it leaves the
     variable empty: that is unset, so loopback, never every interface (asyncio binds every
@@ -491,3 +511,19 @@ async def test_debug_logs_are_tidal_s_own(db_path: Path) -> None:
     log = b"".join(proc.log).decode()
     assert "DEBUG tidal.connection: connection from" in log
     assert "aiosqlite" not in log
+
+
+@pytest.mark.both_backends
+async def test_a_new_database_is_made_at_the_current_schema_in_one_line(
+    database: Database,
+) -> None:
+    """Not a line per version it never had: an operator's first start reads one."""
+    process = await ServerProcess(database.target).start()
+    await process.stop()
+    lines = [line.decode() for line in process.log if b"schema" in line]
+    assert len(lines) == 1, lines
+    assert "database created at schema version" in lines[0], lines
+
+    await process.start()  # the schema is current: nothing to say of it
+    await process.stop()
+    assert [line for line in process.log if b"schema" in line] == []

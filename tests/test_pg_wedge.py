@@ -19,7 +19,7 @@ from tidal.testing.postgres import Cluster
 
 from .conftest import Database, ServerProcess
 from .relay import Relay
-from .test_postgres import cli
+from .test_postgres import cli, until
 
 
 @pytest.fixture
@@ -31,6 +31,31 @@ async def execute(database: Database, sql: str) -> None:
     conn = await asyncpg.connect(database.target)
     try:
         await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+#: a session of this test's own, as tidal's are: the database's timeouts do not reach it
+UNTIMED = {
+    "statement_timeout": "0",
+    "lock_timeout": "0",
+    "idle_in_transaction_session_timeout": "0",
+}
+
+
+async def checkpointed(c: Client, database: Database, seq: int) -> None:
+    """Until a checkpoint holds the ledger to ``seq``: its own mark, the watermark in
+    ``meta``. A checkpoint due is taken as a batch commits, so each look sends a signal
+    first (to an entity of its own)."""
+    conn = await asyncpg.connect(database.target, server_settings=UNTIMED)
+
+    async def held() -> bool:
+        await c.signal(0, "tick", "view")
+        value = await conn.fetchval("SELECT value FROM meta WHERE key = 'aggregates_seq'")
+        return value is not None and value >= seq
+
+    try:
+        await until(held)
     finally:
         await conn.close()
 
@@ -70,7 +95,7 @@ async def test_timeouts_set_on_the_database_do_not_reach_tidal_s_sessions(
     async with await process.connect() as c:
         for start in range(0, 20_000, 2_000):
             await c.signal_batch([Signal(u, f"e{u}", "view") for u in range(start, start + 2_000)])
-        await asyncio.sleep(0.3)  # a checkpoint comes due (a schedule, not a synchronisation)
+        await checkpointed(c, database, 20_000)
         await c.signal(1, "e1", "view")
         assert (await c.health())["status"] == "ok"
     assert await process.stop() == 0
@@ -107,7 +132,7 @@ async def test_a_nul_name_already_on_disk_boots_healthy_and_is_kept(
     process = await ServerProcess(database.target, "--checkpoint-seconds", "0.2").start()
     try:
         async with await process.connect() as c:
-            await asyncio.sleep(0.3)  # a checkpoint comes due
+            await checkpointed(c, database, 1)
             await c.signal(8, "song", "view", communities=["rock"])
             assert (await c.health())["status"] == "ok"
             counts = await c.counts("song")
