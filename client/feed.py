@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any, Final
 
 from tidal.protocol import Notification
@@ -148,6 +148,23 @@ class Following:
         """Nothing came for ``dead_after`` seconds, not even a heartbeat: the link is dead."""
         log.warning("change feed: nothing for %ss, not even a heartbeat", self._dead_after)
         self._drop()
+
+    def tries(self) -> Generator[float | None, BaseException | None, None]:
+        """The reconnect loop, written once for both faces, as a plan is for both backends:
+        it yields the pause before each try to subscribe, is sent how that try went (None:
+        subscribed, or closed meanwhile), and then yields None, done. It raises what ends
+        the subscription: a failure no try can mend (``failed``), or the last try's."""
+        failure: BaseException | None = None
+        for delay in self.delays():
+            outcome = yield delay
+            if outcome is None:
+                break
+            if (stop := self.failed(outcome)) is not None:
+                raise stop from None
+            failure = outcome
+        else:
+            raise self.gave_up(failure)
+        yield None
 
     def delays(self) -> Iterator[float]:
         """Before each try to subscribe: 0, then the first delay, doubling."""

@@ -55,29 +55,28 @@ class Subscription(Following, AsyncClosing):
                 self.silent()
 
     async def _connect(self) -> None:
-        """Subscribe on a new connection, from the last id yielded; with backoff."""
-        failure: BaseException | None = None
-        for delay in self.delays():
+        """Subscribe on a new connection, from the last id yielded (``Following.tries``)."""
+        tries = self.tries()
+        delay = next(tries)
+        while delay is not None:
             await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
-            if self._closed:
-                return
-            protocol: ClientProtocol | None = None
-            try:
-                protocol = await self._dial()
-                protocol.notified = self._notified
-                reply = await request(protocol, "subscribe", self._cursor.params(), self._timeout)
-            except BaseException as exc:
-                if protocol is not None:
-                    protocol.notified = None
-                    close_transport(protocol)
-                if (failure := self.failed(exc)) is not None:
-                    raise failure from None
-                failure = exc
-                continue
-            self._cursor.started(reply)
-            self._protocol = protocol
-            return
-        raise self.gave_up(failure)
+            delay = tries.send(None if self._closed else await self._subscribe())
+
+    async def _subscribe(self) -> BaseException | None:
+        """One try: a connection, and the subscription on it; what failed, if anything."""
+        protocol: ClientProtocol | None = None
+        try:
+            protocol = await self._dial()
+            protocol.notified = self._notified
+            reply = await request(protocol, "subscribe", self._cursor.params(), self._timeout)
+        except BaseException as exc:
+            if protocol is not None:
+                protocol.notified = None
+                close_transport(protocol)
+            return exc
+        self._cursor.started(reply)
+        self._protocol = protocol
+        return None
 
     def _notified(self, note: Notification | None) -> None:
         if note is not None:

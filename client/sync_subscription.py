@@ -47,24 +47,26 @@ class SyncSubscription(Following, Closing):
                 self._drop()
 
     def _connect(self) -> None:
-        failure: BaseException | None = None
-        for delay in self.delays():
+        """Subscribe on a new link, from the last id yielded (``Following.tries``)."""
+        tries = self.tries()
+        delay = next(tries)
+        while delay is not None:
             time.sleep(delay)  # backoff: this client blocks by design
-            link = self._new_link()
-            try:
-                link.dial()
-                params = self._cursor.params()
-                reply = link.roundtrip("subscribe", params, self._timeout, self._inbox.append)
-            except BaseException as exc:
-                link.drop()
-                if (failure := self.failed(exc)) is not None:
-                    raise failure from None
-                failure = exc
-                continue
-            self._cursor.started(reply)
-            self._link = link
-            return
-        raise self.gave_up(failure)
+            delay = tries.send(None if self._closed else self._subscribe())
+
+    def _subscribe(self) -> BaseException | None:
+        """One try: a link, and the subscription on it; what failed, if anything."""
+        link = self._new_link()
+        try:
+            link.dial()
+            params = self._cursor.params()
+            reply = link.roundtrip("subscribe", params, self._timeout, self._inbox.append)
+        except BaseException as exc:
+            link.drop()
+            return exc
+        self._cursor.started(reply)
+        self._link = link
+        return None
 
     def _drop(self) -> None:
         link, self._link = self._link, None
