@@ -122,27 +122,27 @@ class Board:
         tally.count += sign
         tally.weight += weight
         if bits == windows.ALL_WINDOWS:
-            tally.c0 += sign
-            tally.c1 += sign
-            tally.c2 += sign
-            tally.c3 += sign
-            tally.w0 += weight
-            tally.w1 += weight
-            tally.w2 += weight
-            tally.w3 += weight
+            tally.count_1h += sign
+            tally.count_24h += sign
+            tally.count_7d += sign
+            tally.count_30d += sign
+            tally.weight_1h += weight
+            tally.weight_24h += weight
+            tally.weight_7d += weight
+            tally.weight_30d += weight
         elif bits:
             for i in range(4):
                 if bits >> i & 1:
                     tally.shift(i, sign, weight)
         h = at_ns // HOUR_NS
-        if h == tally.hk:
-            tally.hc += sign
-            tally.hw += weight
+        if h == tally.hour:
+            tally.hour_count += sign
+            tally.hour_weight += weight
         elif h > self.hour - KEEP[1]:
             self._bucket(tally, 1, h, sign, weight)
-        if m == tally.mk:  # the common case: its newest minute, no log touched
-            tally.mc += sign
-            tally.mw += weight
+        if m == tally.minute:  # the common case: its newest minute, no log touched
+            tally.minute_count += sign
+            tally.minute_weight += weight
         elif m > self.minute - KEEP[0]:
             self._bucket(tally, 0, m, sign, weight)
         if tally.epoch != self.epoch:
@@ -176,13 +176,15 @@ class Board:
         log = kept.get(b)
         if log is None:
             log = kept[b] = Log()
-        if b > (tally.mk if tier == 0 else tally.hk):
+        if b > (tally.minute if tier == 0 else tally.hour):
             self._settle(tally, tier)
             log.newest.append(tally)
             if tier == 0:
-                tally.mk, tally.mc, tally.mw, tally.mcw, tally.mww = b, count, weight, 0, 0.0
+                tally.minute, tally.minute_count, tally.minute_weight = b, count, weight
+                tally.minute_count_written, tally.minute_weight_written = 0, 0.0
             else:
-                tally.hk, tally.hc, tally.hw, tally.hcw, tally.hww = b, count, weight, 0, 0.0
+                tally.hour, tally.hour_count, tally.hour_weight = b, count, weight
+                tally.hour_count_written, tally.hour_weight_written = 0, 0.0
             return
         log.add(tally, count, weight)
         self.touched.add((tier, b))
@@ -192,19 +194,19 @@ class Board:
         checkpoints wrote of it (``Log.credit``)."""
         if tier == 0:
             b, count, weight, wrote, wrote_weight = (
-                tally.mk,
-                tally.mc,
-                tally.mw,
-                tally.mcw,
-                tally.mww,
+                tally.minute,
+                tally.minute_count,
+                tally.minute_weight,
+                tally.minute_count_written,
+                tally.minute_weight_written,
             )
         else:
             b, count, weight, wrote, wrote_weight = (
-                tally.hk,
-                tally.hc,
-                tally.hw,
-                tally.hcw,
-                tally.hww,
+                tally.hour,
+                tally.hour_count,
+                tally.hour_weight,
+                tally.hour_count_written,
+                tally.hour_weight_written,
             )
         log = self.buckets[tier].get(b)
         if log is None:

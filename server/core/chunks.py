@@ -120,7 +120,10 @@ def done(board: Board, shelf: Shelf, written: Written) -> None:
     which lines are on disk (the board held still meanwhile, so they are the lines it
     wrote)."""
     for tally in written.dirty:
-        tally.mcw, tally.mww, tally.hcw, tally.hww = tally.mc, tally.mw, tally.hc, tally.hw
+        tally.minute_count_written = tally.minute_count
+        tally.minute_weight_written = tally.minute_weight
+        tally.hour_count_written = tally.hour_count
+        tally.hour_weight_written = tally.hour_weight
     for tier, b, _, _, _ in written.parts:
         log = board.buckets[tier].get(b)
         if log is not None:

@@ -20,7 +20,7 @@ import msgpack
 
 from .board import Board, Changed
 from .sums import horizons
-from .tallies import GONE, Log
+from .tallies import GONE, Log, add
 
 #: a bucket is written again as one part once its parts hold more than twice the lines it
 #: was last written as, and this many more
@@ -39,10 +39,28 @@ def part_rows(
     old = horizons(now_ns)
     lines: dict[tuple[int, int], tuple[list[int], list[int], list[float]]] = {}
     for tally in changed.dirty:  # what they gained in their newest buckets
-        if tally.mk > old[0] and (tally.mc != tally.mcw or tally.mw != tally.mww):
-            _line(lines, (0, tally.mk), tally.id, tally.mc - tally.mcw, tally.mw - tally.mww)
-        if tally.hk > old[1] and (tally.hc != tally.hcw or tally.hw != tally.hww):
-            _line(lines, (1, tally.hk), tally.id, tally.hc - tally.hcw, tally.hw - tally.hww)
+        if tally.minute > old[0] and (
+            tally.minute_count != tally.minute_count_written
+            or tally.minute_weight != tally.minute_weight_written
+        ):
+            _line(
+                lines,
+                (0, tally.minute),
+                tally.id,
+                tally.minute_count - tally.minute_count_written,
+                tally.minute_weight - tally.minute_weight_written,
+            )
+        if tally.hour > old[1] and (
+            tally.hour_count != tally.hour_count_written
+            or tally.hour_weight != tally.hour_weight_written
+        ):
+            _line(
+                lines,
+                (1, tally.hour),
+                tally.id,
+                tally.hour_count - tally.hour_count_written,
+                tally.hour_weight - tally.hour_weight_written,
+            )
     for tier, b in changed.touched:  # the logs' lines not on disk
         log = board.buckets[tier].get(b)
         if log is None or b <= old[tier]:
@@ -88,18 +106,13 @@ def whole(tier: int, b: int, log: Log) -> Part:
     for tally in log.newest:
         if tally.epoch == GONE:
             continue
-        if tier == 0 and tally.mk == b:
-            count, weight = tally.mc, tally.mw
-        elif tier == 1 and tally.hk == b:
-            count, weight = tally.hc, tally.hw
+        if tier == 0 and tally.minute == b:
+            count, weight = tally.minute_count, tally.minute_weight
+        elif tier == 1 and tally.hour == b:
+            count, weight = tally.hour_count, tally.hour_weight
         else:
             continue
-        entry = sums.get(tally)
-        if entry is None:
-            sums[tally] = [count, weight]
-        else:
-            entry[0] += count
-            entry[1] += weight
+        add(sums, tally, count, weight)
     ids: list[int] = []
     counts: list[int] = []
     weights: list[float] = []

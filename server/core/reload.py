@@ -204,15 +204,15 @@ def _windows(
         weight = weights[k]
         if tier == 0:
             if one:
-                tally.c0 += count
-                tally.w0 += weight
+                tally.count_1h += count
+                tally.weight_1h += weight
             if two:
-                tally.c1 += count
-                tally.w1 += weight
+                tally.count_24h += count
+                tally.weight_24h += weight
         else:
             if one:
-                tally.c2 += count
-                tally.w2 += weight
+                tally.count_7d += count
+                tally.weight_7d += weight
             if two:
-                tally.c3 += count
-                tally.w3 += weight
+                tally.count_30d += count
+                tally.weight_30d += weight

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from . import windows
 from .ledger import COHORT, COMMUNITY, LEDGER
-from .tallies import Contribution
+from .tallies import Contribution, add
 
 TREND: Final = 2  # the tier of decayed sums: the bucket is the half-life, in s
 
@@ -39,13 +39,7 @@ def aggregate_rows(contributions: Iterable[Contribution]) -> list[tuple[Any, ...
     sums: dict[tuple[Any, ...], list[Any]] = {}
     for entity, kind, sign, weight, _, cohorts, communities, ledger_too in contributions:
         for layer, cohort, name in _columns(cohorts, communities, ledger_too):
-            key = (entity, layer, cohort, name, kind)
-            entry = sums.get(key)
-            if entry is None:
-                sums[key] = [sign, weight]
-            else:
-                entry[0] += sign
-                entry[1] += weight
+            add(sums, (entity, layer, cohort, name, kind), sign, weight)
     return [(*key, count, weight) for key, (count, weight) in sums.items()]
 
 
@@ -79,10 +73,5 @@ def bucket_rows(
             for hl, value in decayed:
                 keys.append(((entity, layer, cohort, name, kind, TREND, hl), 0, value))
             for key, count, amount in keys:
-                entry = sums.get(key)
-                if entry is None:
-                    sums[key] = [count, amount]
-                else:
-                    entry[0] += count
-                    entry[1] += amount
+                add(sums, key, count, amount)
     return [(*key, count, weight) for key, (count, weight) in sums.items()]

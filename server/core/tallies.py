@@ -27,18 +27,43 @@ class Tally:
     """One aggregate: (layer, key, kind) of one entity. Compiled, its numbers are stored
     unboxed: about 200 bytes, the window totals included.
 
-    It keeps what it gained in its newest minute and hour itself (``mk``, ``mc``, ``mw``;
-    ``hk``, ``hc``, ``hw``), added to that bucket's log when a newer one begins: most
-    signals then touch no bucket, which at a million aggregates costs a cache miss each;
-    ``mcw`` and so on are what checkpoints wrote of those. ``epoch`` is the board's while
-    it is dirty (``GONE`` once forgotten, ``UNMARKED`` until first marked). ``id`` names
-    it on disk (0 until first written) and ``chunk`` is the chunk holding its record (see
-    ``chunks``)."""
+    ``count_1h`` ... ``weight_30d`` are its totals in each window (``windows.WINDOWS``):
+    flat slots, not a list, so that compiled they stay unboxed. It keeps what it gained in
+    its newest minute and hour bucket itself (``minute``, the bucket, and ``minute_count``,
+    ``minute_weight``; ``hour`` and so on), added to that bucket's log when a newer one
+    begins: most signals then touch no bucket, which at a million aggregates costs a cache
+    miss each; ``minute_count_written`` and so on are what checkpoints wrote of those.
+    ``epoch`` is the board's while it is dirty (``GONE`` once forgotten, ``UNMARKED`` until
+    first marked). ``id`` names it on disk (0 until first written) and ``chunk`` is the
+    chunk holding its record (see ``chunks``)."""
 
     __slots__ = (
-        "c0", "c1", "c2", "c3", "chunk", "count", "entity", "epoch", "hc", "hcw", "hk", "hw",
-        "hww", "id", "mc", "mcw", "mk", "mw", "mww", "scope", "trend", "w0", "w1", "w2", "w3",
+        "chunk",
+        "count",
+        "count_1h",
+        "count_7d",
+        "count_24h",
+        "count_30d",
+        "entity",
+        "epoch",
+        "hour",
+        "hour_count",
+        "hour_count_written",
+        "hour_weight",
+        "hour_weight_written",
+        "id",
+        "minute",
+        "minute_count",
+        "minute_count_written",
+        "minute_weight",
+        "minute_weight_written",
+        "scope",
+        "trend",
         "weight",
+        "weight_1h",
+        "weight_7d",
+        "weight_24h",
+        "weight_30d",
     )  # fmt: skip
 
     def __init__(
@@ -49,41 +74,43 @@ class Tally:
         self.scope = scope
         self.count = count
         self.weight = weight
-        self.c0 = self.c1 = self.c2 = self.c3 = 0  # per window (windows.WINDOWS)
-        self.w0 = self.w1 = self.w2 = self.w3 = 0.0
+        self.count_1h = self.count_24h = self.count_7d = self.count_30d = 0
+        self.weight_1h = self.weight_24h = self.weight_7d = self.weight_30d = 0.0
         # forward-decayed sums, per half-life
         self.trend = [0.0] * half_lives if trend is None else trend
-        self.mk = self.hk = -1  # no newest minute or hour yet
-        self.mc = self.hc = self.mcw = self.hcw = 0
-        self.mw = self.hw = self.mww = self.hww = 0.0
+        self.minute = self.hour = -1  # no newest minute or hour yet
+        self.minute_count = self.minute_count_written = 0
+        self.hour_count = self.hour_count_written = 0
+        self.minute_weight = self.minute_weight_written = 0.0
+        self.hour_weight = self.hour_weight_written = 0.0
         self.epoch = UNMARKED
         self.id = self.chunk = 0
 
     def window(self, i: int) -> tuple[int, float]:
         """Count and weight in ``windows.WINDOWS[i]`` (-1: all-time)."""
         if i == 0:
-            return self.c0, self.w0
+            return self.count_1h, self.weight_1h
         if i == 1:
-            return self.c1, self.w1
+            return self.count_24h, self.weight_24h
         if i == 2:
-            return self.c2, self.w2
+            return self.count_7d, self.weight_7d
         if i == 3:
-            return self.c3, self.w3
+            return self.count_30d, self.weight_30d
         return self.count, self.weight
 
     def shift(self, i: int, count: int, weight: float) -> None:
         if i == 0:
-            self.c0 += count
-            self.w0 += weight
+            self.count_1h += count
+            self.weight_1h += weight
         elif i == 1:
-            self.c1 += count
-            self.w1 += weight
+            self.count_24h += count
+            self.weight_24h += weight
         elif i == 2:
-            self.c2 += count
-            self.w2 += weight
+            self.count_7d += count
+            self.weight_7d += weight
         else:
-            self.c3 += count
-            self.w3 += weight
+            self.count_30d += count
+            self.weight_30d += weight
 
 
 class Scope:
@@ -102,7 +129,7 @@ class Scope:
 class Log:
     """One minute's or hour's bucket: what tallies gained in it, as (tally, count, weight)
     in the order it came, three lists side by side; a tally's entry is the sum of its
-    lines, and while this is its newest bucket, what it holds itself (``Tally.mc``).
+    lines, and while this is its newest bucket, what it holds itself (``Tally.minute_count``).
 
     A log and not a map: a window slides by adding up a bucket's lines, boot builds a
     bucket from its parts on disk as they are (``restore``), and a line costs a slot in
@@ -134,12 +161,7 @@ class Log:
             tally = tallies[k]
             if tally.epoch == GONE:
                 continue
-            entry = out.get(tally)
-            if entry is None:
-                out[tally] = [counts[k], weights[k]]
-            else:
-                entry[0] += counts[k]
-                entry[1] += weights[k]
+            add(out, tally, counts[k], weights[k])
         return out
 
     def entry(self, tally: Tally, tier: int, b: int) -> tuple[int, float] | None:
@@ -149,10 +171,10 @@ class Log:
             if other is tally:
                 count += self.counts[k]
                 weight += self.weights[k]
-        if tier == 0 and b == tally.mk:
-            count, weight = count + tally.mc, weight + tally.mw
-        elif tier == 1 and b == tally.hk:
-            count, weight = count + tally.hc, weight + tally.hw
+        if tier == 0 and b == tally.minute:
+            count, weight = count + tally.minute_count, weight + tally.minute_weight
+        elif tier == 1 and b == tally.hour:
+            count, weight = count + tally.hour_count, weight + tally.hour_weight
         return (count, weight) if count else None
 
     def leave(self, tier: int, b: int, window: int) -> None:
@@ -165,10 +187,10 @@ class Log:
             if tally.scope.orders:
                 tally.scope.dirty.add(tally.entity)
         for tally in self.newest:
-            if tier == 0 and tally.mk == b:
-                tally.shift(window, -tally.mc, -tally.mw)
-            elif tier == 1 and tally.hk == b:
-                tally.shift(window, -tally.hc, -tally.hw)
+            if tier == 0 and tally.minute == b:
+                tally.shift(window, -tally.minute_count, -tally.minute_weight)
+            elif tier == 1 and tally.hour == b:
+                tally.shift(window, -tally.hour_count, -tally.hour_weight)
             else:
                 continue
             if tally.scope.orders:
@@ -184,3 +206,14 @@ class Log:
             self.weights = [self.weights[k] for k in keep]
         self.newest = [t for t in self.newest if t.scope not in lost]
         self.credit = [c for c in self.credit if c[0].scope not in lost]
+
+
+def add(sums: dict[Any, list[Any]], key: Any, count: int, weight: float) -> None:
+    """``count`` and ``weight`` added to ``key``'s [count, weight] in ``sums``: the one
+    accumulation of a log's lines, a bucket's parts and a withdrawal's rows."""
+    entry = sums.get(key)
+    if entry is None:
+        sums[key] = [count, weight]
+    else:
+        entry[0] += count
+        entry[1] += weight
