@@ -276,8 +276,9 @@ class Server:
             except TimeoutError:
                 self.unclean = f"pending commits did not finish in {self.config.shutdown_timeout}s"
             committer = self._engine.committer
-            if self.unclean is None and (committer.failed or committer.full):
-                self.unclean = f"the last commit failed ({committer.failed or committer.full})"
+            failed = committer.failed_for_good or committer.last_failed
+            if self.unclean is None and failed:
+                self.unclean = f"the last commit failed ({failed})"
             if self.unclean is not None:
                 log.error(
                     "shutdown: %s; what was acknowledged is on disk, and the next boot replays"

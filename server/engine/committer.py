@@ -71,9 +71,9 @@ class Committer:
         self.open = Batch(first_seq)
         self.inflight: Batch | None = None
         self._began = 0.0  # when the writer took ``inflight`` (time.monotonic)
-        self.failed: str | None = None  # a commit failed for good: writes refused
-        self.full: str | None = None  # the last commit failed, and later ones may not
-        self.full_state = "full"  # ... as health reports it: full, or unavailable
+        self.failed_for_good: str | None = None  # a commit failed for good: writes refused
+        self.last_failed: str | None = None  # the last commit failed, and later ones may not
+        self.last_failed_state = "full"  # ... as health reports it: full, or unavailable
         #: set while a commit's outcome is being found out (its answer was lost): writes refused
         self.unknown: str | None = None
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
@@ -106,9 +106,9 @@ class Committer:
 
     def writable(self) -> Batch:
         """The open batch, for a write; refused for good after a commit failed for good."""
-        if self.failed is not None:
+        if self.failed_for_good is not None:
             raise Unavailable(
-                f"storage failed ({self.failed}); writes are refused until the server"
+                f"storage failed ({self.failed_for_good}); writes are refused until the server"
                 " is restarted on a healthy disk"
             )
         if self.unknown is not None:
@@ -174,10 +174,10 @@ class Committer:
                     elif not (await asyncio.wait((idle,), timeout=every))[0]:
                         await self._probe()
                     continue
-                if self._last_tried or self.failed or not self._steps.last(batch):
+                if self._last_tried or self.failed_for_good or not self._steps.last(batch):
                     return
                 self._last_tried = True
-            elif self.failed is None:
+            elif self.failed_for_good is None:
                 self._steps.prepare(batch)
             self.open = Batch(self._steps.next_seq())
             self.inflight = batch
@@ -260,7 +260,7 @@ class Committer:
                 self.unknown = None
 
     def _probe_every(self) -> float | None:
-        return None if self.failed is not None else self._storage.probe_every
+        return None if self.failed_for_good is not None else self._storage.probe_every
 
     async def _probe(self) -> None:
         """Nothing to commit for a while: a round trip keeps the database session (and its
@@ -270,21 +270,21 @@ class Committer:
         except StorageFailure as exc:
             if exc.fenced or not exc.transient:
                 self._latch(exc)
-            elif self.full is None or self.full_state == exc.state:
-                self.full, self.full_state = str(exc), exc.state
+            elif self.last_failed is None or self.last_failed_state == exc.state:
+                self.last_failed, self.last_failed_state = str(exc), exc.state
                 _refusals(exc.state, logging.ERROR, "%s; writes will be tried", exc)
         else:
-            if self.full is not None and self.full_state == "unavailable":
-                self.full = None  # the database answers again
+            if self.last_failed is not None and self.last_failed_state == "unavailable":
+                self.last_failed = None  # the database answers again
 
     def _latch(self, exc: StorageFailure) -> None:
-        self.failed = str(exc)
+        self.failed_for_good = str(exc)
         log.critical("%s; refusing all writes until restarted", exc)
         if exc.fenced and self.deposed is not None and not self.deposed.done():
             self.deposed.set_result(str(exc))
 
     def _busy(self) -> bool:
-        if self.failed is not None or not self._steps.busy():
+        if self.failed_for_good is not None or not self._steps.busy():
             return False
         return not self._closing or time.monotonic() < self._rewrite_until
 
@@ -297,7 +297,7 @@ class Committer:
     def _deliver(self, batch: Batch) -> None:
         batch.committed = True
         if batch.writes or batch.board_changed is not None:  # storage took a write
-            self.full = None
+            self.last_failed = None
         try:
             self._steps.committed(batch)
         except Exception:  # a bug: memory may be off, but the replies still go out
@@ -337,8 +337,8 @@ class Committer:
                 "data", logging.ERROR, "%s; the writes in it were refused, later writes go on", exc
             )
         elif exc.transient:
-            self.full = str(exc)
-            self.full_state = exc.state
+            self.last_failed = str(exc)
+            self.last_failed_state = exc.state
             _refusals(
                 exc.state, logging.ERROR,
                 "%s; the writes in it were refused, later writes will be tried", exc,

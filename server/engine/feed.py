@@ -338,7 +338,7 @@ class Feed:
             self._retire.cancel()
         delay = min(PASS_MAX_SECONDS, max(PASS_MIN_SECONDS, self.retention / 10))
         self._retire = asyncio.get_running_loop().call_later(delay, self._retire_due)
-        if self._committer.failed is not None:
+        if self._committer.failed_for_good is not None:
             return
         batch = self._committer.open
         if batch.retire_events is None:

@@ -219,7 +219,9 @@ class Reads:
             conn.reply(msgid, report("unavailable", error))
             return
         batch = committer.open
-        if committer.full is not None and committer.failed is None and not batch.probe:
+        # the last commit failed, not for good: a small write tests whether the disk is back
+        retrying = committer.last_failed is not None and committer.failed_for_good is None
+        if retrying and not batch.probe:
             batch.probe = True
             batch.writes += 1
         batch.reach = True  # the round trip reaches the database, wherever it is
@@ -236,13 +238,13 @@ class Reads:
 
     def _storage_health(self) -> dict[str, Any]:
         committer = self._engine.committer
-        failed, full = committer.failed, committer.full
+        failed, full = committer.failed_for_good, committer.last_failed
         if failed is not None:
             return report("failed", f"storage failed ({failed}); restart on a healthy disk")
         if committer.unknown is not None:
             return report("unavailable", f"{committer.unknown}; finding out whether it held")
         if full is not None:
-            state = self._engine.committer.full_state
+            state = self._engine.committer.last_failed_state
             return report(state, f"the last commit failed ({full}); writes are refused")
         return report("ok")
 

@@ -56,7 +56,7 @@ class CommitSteps:
                 e.keys.forget_old(batch, e.clock())
             e.replica.prepare(batch)
             batch.users_blocks = userrows.runs(batch.ledger)  # the survey's rows: all on disk
-            if e.committer.full is None:
+            if e.committer.last_failed is None:
                 batch.rewrite = e.past.chunk(batch)
             return
         e.feed.prepare(batch)
@@ -66,11 +66,11 @@ class CommitSteps:
         e.user_rows.prepare(batch)
         for w in batch.past:
             w.recent = e.user_rows.recent(w.user_id, w.before_seq, batch.ledger)
-        if e.committer.full is None:  # after a refused commit, a request tries first
+        if e.committer.last_failed is None:  # after a refused commit, a request tries first
             batch.rewrite = e.past.chunk(batch)
 
     def busy(self) -> bool:
-        return self._e.committer.full is None and self._e.past.rewrites.busy()
+        return self._e.committer.last_failed is None and self._e.past.rewrites.busy()
 
     def last(self, batch: Batch) -> bool:
         """One last checkpoint, so that the next boot replays nothing."""
