@@ -1,6 +1,7 @@
-"""Every way the server says no, in one hierarchy.
+"""Every way the server says no, in one hierarchy, under the protocol's ``TidalError``.
 
-``RequestError``s are answered to the client with their wire code and message;
+``ServerError``s (``protocol.refusals``) are answered to the client with their wire code
+and message;
 ``StartupError``s are an operator's mistake before a single request is served,
 told in one line that names the cause (``tidal serve`` exits 2, nothing changed
 on disk); ``StorageFailure`` is a commit that did not happen.
@@ -10,50 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from tidal.protocol import ErrorCode
+from tidal.protocol.refusals import TidalError, Unavailable
+
+# -- answered to a client: the protocol's classes, one per code (``protocol.refusals``),
+# and this one of the server's own
 
 
-class TidalError(Exception):
-    """Base of the server's own errors."""
-
-
-# -- answered to a client -------------------------------------------------
-
-
-class RequestError(TidalError):
-    """Refused; the client is told ``code`` and the message."""
-
-    code = ErrorCode.INTERNAL_ERROR
-
-
-class InvalidParams(RequestError, ValueError):
-    """A parameter broke its rule; the message names it and the rule."""
-
-    code = ErrorCode.INVALID_PARAMS
-
-
-class MethodNotFound(RequestError):
-    code = ErrorCode.METHOD_NOT_FOUND
-
-
-class Unavailable(RequestError):
-    """Storage has failed and writes are refused rather than diverge."""
-
-    code = ErrorCode.UNAVAILABLE
-
-
-class Full(RequestError):
+class Full(Unavailable):
     """A write that would create aggregates past the memory budget (``core.budget``):
     nothing of it was applied. Its message begins ``full:``."""
-
-    code = ErrorCode.UNAVAILABLE
-
-
-class Moved(RequestError):
-    """Cluster mode: the user's partition is served by another node (its address ends the
-    message), or by none right now ("unknown"). Nothing was applied."""
-
-    code = ErrorCode.MOVED
 
 
 # -- storage ----------------------------------------------------------------

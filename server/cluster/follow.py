@@ -16,8 +16,8 @@ from typing import Final
 
 import asyncpg
 
+from tidal.protocol.refusals import Unavailable
 from tidal.server.engine.replica import Replica
-from tidal.server.errors import Unavailable
 from tidal.server.logs import Throttle
 from tidal.server.storage.postgres import cluster as tables
 from tidal.server.storage.postgres.runner import PgStorage

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tidal.server.errors import InvalidParams
+from tidal.protocol.refusals import InvalidParams
 
 from .feed import Change
 from .params import Predicate

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tidal.protocol.limits import MAX_COHORTS
-from tidal.server.errors import InvalidParams
+from tidal.protocol.refusals import InvalidParams
 
 from .asks import CohortAsk
 from .matching import Cohort, index

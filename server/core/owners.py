@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from tidal.protocol.partitions import HASH, partition
-from tidal.server.errors import Moved, Unavailable
+from tidal.protocol.refusals import Moved, Unavailable
 
 from .batch import Batch
 

@@ -28,8 +28,8 @@ from tidal.protocol.limits import (
     WEIGHT_MAX,
 )
 from tidal.protocol.methods import BY_NAME
+from tidal.protocol.refusals import InvalidParams
 from tidal.protocol.schemas import LAYERS
-from tidal.server.errors import InvalidParams
 
 T = TypeVar("T")
 

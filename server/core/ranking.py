@@ -14,8 +14,8 @@ import msgpack
 
 from tidal.protocol.errors import quoted
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
+from tidal.protocol.refusals import InvalidParams
 from tidal.protocol.schemas import WINDOW_ALIASES
-from tidal.server.errors import InvalidParams
 
 from . import counts, params, windows
 from .board import Board

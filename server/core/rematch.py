@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 
-from tidal.server.errors import InvalidParams
+from tidal.protocol.refusals import InvalidParams
 
 from . import budget as budgets
 from . import ledger
@@ -60,7 +60,7 @@ def _decide_again(batch: Batch, cohorts: Registry) -> None:
         try:
             cohorts.ask(batch, ask)
         except InvalidParams as exc:
-            ask.changes, ask.refusal = False, str(exc)
+            ask.changes, ask.refusal = False, exc.message
         else:
             ask.refusal = None
         if was and not ask.changes:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
-from tidal.server.errors import Unavailable
+from tidal.protocol.refusals import Unavailable
 
 #: how a refusal of a write ends when its batch was refused: the client may send it again
 NOTHING_SAVED: Final = "nothing of this request was saved"

@@ -30,7 +30,7 @@ from tidal.protocol.limits import (
     WEIGHT_MAX,
 )
 from tidal.protocol.messages import new_tuple
-from tidal.server.errors import InvalidParams
+from tidal.protocol.refusals import InvalidParams
 
 from .params import Scalar, arity, describe, option, scalar, string, text, user_id, weight
 

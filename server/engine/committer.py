@@ -17,9 +17,10 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tidal.protocol import ErrorCode
+from tidal.protocol.refusals import Unavailable
 from tidal.server.core.batch import Batch
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
-from tidal.server.errors import CommitUnknown, StorageFailure, Unavailable
+from tidal.server.errors import CommitUnknown, StorageFailure
 from tidal.server.logs import Throttle
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Storage

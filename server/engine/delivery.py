@@ -8,9 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tidal.protocol import ErrorCode
+from tidal.protocol.refusals import ServerError
 from tidal.server.core.batch import Batch
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
-from tidal.server.errors import RequestError, StorageFailure
+from tidal.server.errors import StorageFailure
 
 from .room import ReplyRoom
 
@@ -69,8 +70,8 @@ def answer(conn: Replier, msgid: int | None, work: Callable[[], Any]) -> None:
     error (-32603), never the writer's or the reader's: they go on for everyone else."""
     try:
         result = work()
-    except RequestError as exc:  # a refusal known only once the batch committed
-        conn.reply_error(msgid, exc.code, str(exc))
+    except ServerError as exc:  # a refusal known only once the batch committed
+        conn.reply_error(msgid, exc.code, exc.message)
     except Exception:
         log.exception("internal error while answering msgid %s", msgid)
         conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, "internal error in this reply")

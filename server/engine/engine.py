@@ -21,9 +21,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE
+from tidal.protocol import DEFAULT_MAX_MESSAGE_SIZE, ErrorCode
 from tidal.protocol.errors import quoted
 from tidal.protocol.limits import MAX_FANOUT, REPLY_ENVELOPE
+from tidal.protocol.refusals import InvalidParams, MethodNotFound, ServerError
 from tidal.server.core import budget, ledger, params, restore
 from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS, Aggregates
 from tidal.server.core.batch import Batch
@@ -41,7 +42,6 @@ from tidal.server.core.rewrites import Rewrites, Rule
 from tidal.server.core.signals import SignalArgs, compact_acks, signal_batch, single_signal
 from tidal.server.core.userrows import UserRows
 from tidal.server.core.windows import AHEAD_NS
-from tidal.server.errors import InvalidParams, MethodNotFound, RequestError
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
 
@@ -186,11 +186,11 @@ class Engine:
             if not least <= len(args) <= most:
                 params.arity_of(method, args)
             handler(conn, msgid, args if edge is None else edge.parse(args))
-        except RequestError as exc:
-            conn.reply_error(msgid, exc.code, str(exc))
+        except ServerError as exc:
+            conn.reply_error(msgid, exc.code, exc.message)
         except Exception:
             log.exception("internal error in %s", method)
-            conn.reply_error(msgid, RequestError.code, f"internal error in {method}")
+            conn.reply_error(msgid, ErrorCode.INTERNAL_ERROR, f"internal error in {method}")
 
     # -- writes ----------------------------------------------------------
 

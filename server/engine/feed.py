@@ -27,11 +27,11 @@ from typing import Any, Final
 import msgpack
 
 from tidal.protocol import ErrorCode, notification_head
+from tidal.protocol.refusals import InvalidParams
 from tidal.server.core import feed
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change, FeedRead
 from tidal.server.core.replies import Replier
-from tidal.server.errors import InvalidParams
 
 from .committer import Committer
 from .subscriber import Subscription

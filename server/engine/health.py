@@ -13,9 +13,9 @@ from typing import Any, Final
 
 from tidal.protocol import ErrorCode
 from tidal.protocol.methods import BY_NAME
+from tidal.protocol.refusals import InvalidParams
 from tidal.server.core import params
 from tidal.server.core.replies import Later, Replier
-from tidal.server.errors import InvalidParams
 
 from .dispatch import discover
 
@@ -77,7 +77,7 @@ class Booting:
         try:
             params.arity_of(method, args)
         except InvalidParams as exc:
-            conn.reply_error(msgid, ErrorCode.INVALID_PARAMS, str(exc))
+            conn.reply_error(msgid, ErrorCode.INVALID_PARAMS, exc.message)
             return
         if method == "ping":
             conn.reply(msgid, "pong")

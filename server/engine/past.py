@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from tidal.protocol import ErrorCode
+from tidal.protocol.refusals import ServerError, Unavailable, said
 from tidal.server.core.batch import Batch
 from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
@@ -32,7 +33,7 @@ from tidal.server.core.past import Withdrawal
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Refusal, Replier
 from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
 from tidal.server.core.userrows import UserRows
-from tidal.server.errors import RequestError, StorageFailure, Unavailable
+from tidal.server.errors import StorageFailure
 from tidal.server.logs import Throttle
 from tidal.server.storage import past as storage_past
 from tidal.server.storage.interface import Storage
@@ -279,12 +280,12 @@ class Past:
                 if self._owners is not None:
                     try:  # still served here, and fenced with the batch it joins
                         self._owners.check(a.w.user_id, batch)
-                    except RequestError as exc:
+                    except ServerError as exc:
                         self._unerasing(a.w)
                         if a.saved:  # a leave was saved: never "moved", which says none was
                             self._refuse_unsurveyed(a, exc)
                         else:
-                            self._refuse(a, str(exc), exc.code)
+                            self._refuse(a, exc.message, exc.code)
                         continue
                 a.w.survey = found
                 self._joined[a.w.user_id] = asyncio.get_running_loop().create_future()
@@ -300,10 +301,10 @@ class Past:
         leave) is in the batch it was read in: the refusal says it is saved only once that
         batch has committed, and goes out with it (refused with it, if it is)."""
         if not a.saved:
-            self._refuse(a, f"storage unavailable: {exc}; nothing of this request was saved")
+            self._refuse(a, f"storage unavailable: {said(exc)}; nothing of this request was saved")
             return
         message = (
-            f"storage unavailable: {exc}; {a.saved}; the rest of this request was not"
+            f"storage unavailable: {said(exc)}; {a.saved}; the rest of this request was not"
             " saved: ask again"
         )
         c = self._committer

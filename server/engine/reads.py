@@ -29,10 +29,11 @@ from tidal.protocol.limits import (
     SLOT_REPLY_BYTES,
 )
 from tidal.protocol.partitions import HASH
+from tidal.protocol.refusals import ServerError
 from tidal.server.core import orders, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
-from tidal.server.errors import RequestError, StorageFailure
+from tidal.server.errors import StorageFailure
 from tidal.server.storage import past as storage_past
 from tidal.server.storage.sqlbulk import Dialect, Plan
 from tidal.server.version import VERSION, compiled
@@ -256,8 +257,8 @@ def _again(conn: Replier, msgid: int, read: Callable[[], None]) -> Callable[[], 
     def again() -> None:
         try:
             read()
-        except RequestError as exc:
-            conn.reply_error(msgid, exc.code, str(exc))
+        except ServerError as exc:
+            conn.reply_error(msgid, exc.code, exc.message)
             conn.flush()
 
     return again

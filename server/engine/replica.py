@@ -16,13 +16,13 @@ from typing import Any
 
 from tidal.protocol import ErrorCode
 from tidal.protocol.methods import TABLE
+from tidal.protocol.refusals import ServerError
 from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
 from tidal.server.core.feed import Change
 from tidal.server.core.rematch import rematch
 from tidal.server.core.replies import Replier
 from tidal.server.core.tallies import Contribution
-from tidal.server.errors import RequestError
 
 from .feed import Feed
 from .state import EngineState
@@ -173,12 +173,14 @@ class Replica:
                     if failed is not None:
                         raise failed
                     handler(conn, msgid, args)
-                except RequestError as exc:
-                    conn.reply_error(msgid, exc.code, str(exc))
+                except ServerError as exc:
+                    conn.reply_error(msgid, exc.code, exc.message)
                 except Exception as exc:
                     if failed is None:
                         log.exception("internal error in %s", method)
-                        conn.reply_error(msgid, RequestError.code, f"internal error in {method}")
+                        conn.reply_error(
+                            msgid, ErrorCode.INTERNAL_ERROR, f"internal error in {method}"
+                        )
                     else:
                         conn.reply_error(
                             msgid, ErrorCode.UNAVAILABLE,
