@@ -37,7 +37,7 @@ COMPILED = {
         "reload", "replies", "restore", "signals", "sums", "tallies", "windows",
     ],
     "server/engine": [
-        "changes", "committer", "delivery", "engine", "health", "ranked", "reads", "steps",
+        "changes", "committer", "delivery", "engine", "health", "ranked", "reads",
     ],
 }  # fmt: skip
 PACKAGES = ("server", "protocol", "client", "cli", "testing")

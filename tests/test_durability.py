@@ -35,8 +35,8 @@ def wrap_commit(
     assert storage is not None
     real = storage.commit
 
-    async def commit(batch: Batch) -> None:
-        await around(real, batch)
+    async def commit(transaction: Any) -> None:  # the batch's (``engine.cycle``)
+        await around(lambda batch: real(transaction), transaction.batch)
 
     storage.commit = commit  # type: ignore[method-assign]
 

@@ -233,10 +233,11 @@ async def test_a_leave_with_purge_whose_purge_s_commit_fails_says_the_leave_is_s
     real_read, real_commit = storage.read, storage.commit
     leave_committed = asyncio.Event()
 
-    async def commit(batch: Any) -> None:
+    async def commit(transaction: Any) -> None:
+        batch = transaction.batch
         if batch.past:
             raise StorageFailure("commit failed: injected", transient=True)
-        await real_commit(batch)
+        await real_commit(transaction)
         if batch.memberships:
             leave_committed.set()
 
@@ -277,10 +278,10 @@ async def test_a_read_behind_a_leave_with_purge_whose_rows_cannot_be_read_is_ans
     real_read, real_commit = storage.read, storage.commit
     read_failed = asyncio.Event()
 
-    async def commit(batch: Any) -> None:
-        if batch.memberships:  # the leave's batch: still open while its survey fails
+    async def commit(transaction: Any) -> None:
+        if transaction.batch.memberships:  # the leave's batch: open while its survey fails
             await read_failed.wait()
-        await real_commit(batch)
+        await real_commit(transaction)
 
     async def read(plan: Any) -> Any:
         read_failed.set()

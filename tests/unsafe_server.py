@@ -10,8 +10,8 @@ import asyncio
 import sys
 
 from tidal.cli import main
-from tidal.server.core.batch import Batch
 from tidal.server.core.replies import Later
+from tidal.server.engine.cycle import Transaction
 from tidal.server.storage.postgres.runner import PgStorage
 from tidal.server.storage.sqlite.runner import SqliteStorage
 
@@ -19,7 +19,8 @@ from tidal.server.storage.sqlite.runner import SqliteStorage
 def acks_first(storage: type[SqliteStorage] | type[PgStorage]) -> None:
     commit = storage.commit
 
-    async def ack_first(self: SqliteStorage | PgStorage, batch: Batch) -> None:
+    async def ack_first(self: SqliteStorage | PgStorage, transaction: Transaction) -> None:
+        batch = transaction.batch
         early = [r for r in batch.replies if not isinstance(r[2], Later)]
         batch.replies = [r for r in batch.replies if isinstance(r[2], Later)]
         for conn, msgid, result in early:
@@ -27,9 +28,9 @@ def acks_first(storage: type[SqliteStorage] | type[PgStorage]) -> None:
         for conn in {r[0] for r in early}:
             conn.flush()
         await asyncio.sleep(0.005)  # the window a crash can fall into
-        await commit(self, batch)  # type: ignore[arg-type]
+        await commit(self, transaction)  # type: ignore[arg-type]
 
-    storage.commit = ack_first  # type: ignore[method-assign]
+    storage.commit = ack_first  # type: ignore[method-assign, assignment]
 
 
 acks_first(SqliteStorage)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .board import Board, Changed, Key
-from .chunks import Shelf, Written
+from .chunks import Shelf
 from .feed import Change, FeedRead
 from .ledger import Row
 from .matching import Cohort
@@ -68,7 +68,6 @@ class Batch:
     board_state: Board | None = None
     board_changed: Changed | None = None
     shelf: Shelf | None = None  # what is on disk of the board
-    board_written: Written | None = None  # the rows the writer wrote of it (``chunks``)
     decay: list[tuple[int, int]] = field(default_factory=list)  # the board's, for the writer
     now_ns: int = 0  # when the writer took it: which buckets are still kept
     users_blocks: list[tuple[int, bytes]] = field(default_factory=list)  # see userrows.py
@@ -84,10 +83,8 @@ class Batch:
     feed_reads: list[FeedRead] = field(default_factory=list)  # pages subscribers replay
     #: feed retention: (events before at_ns, through this id at most; see ``engine.feed``)
     retire_events: tuple[int, int] | None = None
-    events_retired: int = 0  # ... how many the writer deleted
     retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
     retire_ranges: bool = False  # ... cluster mode: in each node's range of seqs
-    retired: int = 0  # ... how many the writer deleted
     reach: bool = False  # a health check: the writer reaches the database, even with no writes
     probe: bool = False  # a write that tests the disk, for a health check after a full disk
     replies: list[tuple[Replier, int | None, Any]] = field(default_factory=list)

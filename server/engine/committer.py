@@ -3,9 +3,9 @@
 While one batch commits, the next one fills, so writes from every connection
 share commits. A reply that reveals a write waits for the batch holding it. A
 failed commit puts memory back (each change carries its own undo) and refuses
-every reply that depended on it. The committer knows the batch and storage, not
-the state the engine keeps: the engine prepares a batch, and takes in what
-committed or failed, through the ``Steps`` it is given.
+every reply that depended on it. The committer knows the batch, storage and the
+commit cycle (``cycle``), not the state the engine keeps: the cycle's participants
+prepare a batch, write their parts of it, and take in what committed or failed.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from tidal.server.logs import Throttle
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Storage
 
+from .cycle import Cycle, Transaction
 from .delivery import deliver, refusal, refuse
 from .room import ReplyRoom
-from .stepping import Steps
 
 log = logging.getLogger("tidal.engine")
 #: a refused commit, a line per cause at most every 10 s (a database away for a minute,
@@ -56,8 +56,8 @@ class Committer:
     def __init__(
         self,
         storage: Storage,
-        first_seq: int,
-        steps: Steps,
+        next_seq: Callable[[], int],
+        cycle: Cycle,
         *,
         metrics: Metrics | None = None,
         hold: Callable[[bool], None] = lambda on: None,
@@ -65,11 +65,12 @@ class Committer:
     ) -> None:
         self._storage = storage
         self.room = room
-        self._steps = steps
+        self._cycle = cycle
+        self._next_seq = next_seq  # the seq the next signal takes: where a batch starts
         self._metrics = metrics
         #: back-pressure: stops (True) or lets go on (False) every connection
         self._hold = hold
-        self.open = Batch(first_seq)
+        self.open = Batch(next_seq())
         self.inflight: Batch | None = None
         self._began = 0.0  # when the writer took ``inflight`` (time.monotonic)
         self.failed_for_good: str | None = None  # a commit failed for good: writes refused
@@ -175,18 +176,18 @@ class Committer:
                     elif not (await asyncio.wait((idle,), timeout=every))[0]:
                         await self._probe()
                     continue
-                if self._last_tried or self.failed_for_good or not self._steps.last(batch):
+                if self._last_tried or self.failed_for_good or not self._cycle.last(batch):
                     return
                 self._last_tried = True
             elif self.failed_for_good is None:
-                self._steps.prepare(batch)
-            self.open = Batch(self._steps.next_seq())
+                self._cycle.prepare(batch)
+            self.open = Batch(self._next_seq())
             self.inflight = batch
             self._began = time.monotonic()
             self._hold(False)
             began = time.perf_counter()
             try:
-                await self._commit_current(batch)
+                found = await self._commit_current(batch)
             except StorageFailure as exc:
                 self._fail(batch, exc)
             except Exception as exc:  # a bug must not pass for a commit
@@ -196,7 +197,7 @@ class Committer:
                 if self._metrics is not None and batch.writes:
                     self._metrics.commit_seconds.observe(time.perf_counter() - began)
                     self._metrics.batch_size.observe(batch.writes)
-                self._deliver(batch)
+                self._deliver(batch, found)
             finally:
                 self.inflight = None
                 if self._settling:
@@ -214,27 +215,28 @@ class Committer:
             elif not done.done():
                 done.set_result(None)
 
-    async def _commit_current(self, batch: Batch) -> None:
+    async def _commit_current(self, batch: Batch) -> list[Any]:
         """Cluster mode: a batch refused because another change reached the cohorts first
         is matched again and committed, a few times at most, before its requests are told."""
         for _ in range(REMATCH_TRIES):
             try:
-                await self._commit(batch)
-                return
+                return await self._commit(batch)
             except StorageFailure as exc:
-                if not exc.stale or not self._steps.rematch(batch):
+                if not exc.stale or not self._cycle.rematch(batch):
                     raise
-        await self._commit(batch)
+        return await self._commit(batch)
 
-    async def _commit(self, batch: Batch) -> None:
-        """Returns once ``batch`` has committed; raises ``StorageFailure`` if it has not.
+    async def _commit(self, batch: Batch) -> list[Any]:
+        """Returns what each participant's statements found once ``batch`` has committed;
+        raises ``StorageFailure`` if it has not.
 
         If the answer to its COMMIT was lost, the open batch, built on it, is refused at
         once (it cannot commit before the outcome is known, and may be wrong after), and so
         is every write until then; replies that depend on ``batch`` wait for the outcome.
         """
+        found: list[Any] = []
         try:
-            await self._storage.commit(batch)
+            await self._storage.commit(Transaction(self._cycle, batch, found))
         except CommitUnknown as unknown:
             log.error("%s; writes are refused until its outcome is known", unknown)
             self.unknown = str(unknown)
@@ -242,7 +244,7 @@ class Committer:
             for change in reversed(later.undo):
                 change.undo()
             self.open = Batch(later.first_seq)
-            self._steps.failed(later, self.open)
+            self._cycle.failed(later, self.open)
             self._hold(False)
             refuse(self.room, (later,), f"storage unavailable: {unknown}; {NOTHING_SAVED}")
             settle = asyncio.ensure_future(unknown.settle())
@@ -252,13 +254,14 @@ class Committer:
                     message = f"storage unavailable: {unknown}; {UNKNOWN_SAVED}"
                     refuse(self.room, (batch,), message)
                     batch.replies.clear()  # answered: the outcome only changes memory now
-                    self._steps.unknown(batch, message)
+                    self._cycle.unknown(batch, message)
                 await settle
             except asyncio.CancelledError:
                 settle.cancel()
                 raise
             finally:
                 self.unknown = None
+        return found
 
     def _probe_every(self) -> float | None:
         return None if self.failed_for_good is not None else self._storage.probe_every
@@ -285,7 +288,7 @@ class Committer:
             self.deposed.set_result(str(exc))
 
     def _busy(self) -> bool:
-        if self.failed_for_good is not None or not self._steps.busy():
+        if self.failed_for_good is not None or not self._cycle.busy():
             return False
         return not self._closing or time.monotonic() < self._rewrite_until
 
@@ -295,12 +298,12 @@ class Committer:
         if idle is not None and not idle.done():
             idle.set_result(None)
 
-    def _deliver(self, batch: Batch) -> None:
+    def _deliver(self, batch: Batch, found: list[Any]) -> None:
         batch.committed = True
         if batch.writes or batch.board_changed is not None:  # storage took a write
             self.last_failed = None
         try:
-            self._steps.committed(batch)
+            self._cycle.committed(batch, found)
         except Exception:  # a bug: memory may be off, but the replies still go out
             log.exception("taking in a committed batch failed")
         deliver(self.room, batch)
@@ -316,7 +319,7 @@ class Committer:
             for change in reversed(failed.undo):
                 change.undo()
         self.open = Batch(batch.first_seq)
-        self._steps.failed(batch, later, exc.outcome_unknown)
+        self._cycle.failed(batch, later, exc.outcome_unknown)
         if exc.refusal is not None:  # the database is fine: only these writes are refused
             _refusals("refusal", logging.INFO, "%s", exc)
             self.stale()

@@ -5,12 +5,12 @@ read, so a signal read after a leave is gated even before the leave's reply is
 sent. *Acknowledged means durable*: every reply that reveals a write waits, in
 the committer, until the batch holding that write has committed.
 
-This module is the dispatch table and the signal path; the steps around each commit
-are in ``steps``. The other writes are in ``changes``, the reads in ``reads``. The state
-they change lives in the sans-I/O core (``tidal.server.core``: members, cohorts,
-keys, aggregates), each part recording its changes in the open batch with their
-undo; the ledger row and the rule for what a signal counts toward are in
-``core.ledger``; group commit is in ``committer``.
+This module is the dispatch table and the signal path; what is done around each commit is
+the commit cycle's participants (``cycle``, ``participants``). The other writes are in
+``changes``, the reads in ``reads``. The state they change lives in the sans-I/O core
+(``tidal.server.core``: members, cohorts, keys, aggregates), each part recording its
+changes in the open batch with their undo; the ledger row and the rule for what a signal
+counts toward are in ``core.ledger``; group commit is in ``committer``.
 """
 
 from __future__ import annotations
@@ -46,17 +46,19 @@ from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
 
 from .changes import Changes
+from .clustered import LoggedBoard, LoggedLedger, LoggedUsers, LogHead, LogRecord
 from .committer import Committer
+from .cycle import Cycle, Participant
 from .dispatch import dispatch
 from .feed import Feed
 from .handlers import served
+from .participants import Checkpoint, Ledger, Retiring, Users, Withdrawals
 from .past import Past
 from .ranked import Ranked
 from .reads import Reads
 from .replica import Replica
 from .retention import Retention
 from .room import ReplyRoom
-from .steps import CommitSteps
 
 log = logging.getLogger("tidal.engine")
 
@@ -113,16 +115,15 @@ class Engine:
         self.aggregates.signals_committed(len(snapshot.ledger_tail))
         self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
         self._next_seq = snapshot.next_seq
+        cycle = Cycle()
         self.committer = Committer(
             storage,
-            snapshot.next_seq,
-            CommitSteps(self),
+            self.next_seq,
+            cycle,
             metrics=metrics,
             hold=hold,
             room=ReplyRoom(self.budget),
         )
-        self.signals = self.forwarded = 0
-        self.ledger_rows = snapshot.ledger_rows
         leads = None if owners is None else (lambda: 0 in owners.owned)
         self.retention = Retention(ledger_retention, clock, self.committer, leads)
         self.past = Past(
@@ -151,8 +152,44 @@ class Engine:
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
             self.replica.route(self._methods, self.feed)
+        self.ledger = self._declare(cycle, snapshot.ledger_rows)
         #: each method's handler and how many params it takes, from the method table
         self._dispatch = dispatch(self._methods)
+
+    def _declare(self, cycle: Cycle, ledger_rows: int) -> Ledger:
+        """The commit cycle's participants, in the order each step runs them: cluster mode
+        swaps in its own (``clustered``) around and for the ledger, users and the board."""
+        board, aggregates, budget, keys = self.board, self.aggregates, self.budget, self.keys
+        if self.replica is None:
+            ledger = Ledger(ledger_rows, self.rewind)
+            users: Participant = Users(self.user_rows, self.metrics)
+            held: Participant = Checkpoint(board, self.shelf, aggregates, budget, keys, self.clock)
+            head: list[Participant] = []
+            tail: list[Participant] = []
+        else:
+            ledger = LoggedLedger(ledger_rows, self.rewind)
+            users = LoggedUsers(self.metrics)
+            held = LoggedBoard(board, aggregates, budget, keys, self.clock)
+            head, tail = [LogHead(self.replica)], [LogRecord()]
+        past = Withdrawals(self.past, self.committer, ledger)
+        retiring = Retiring(self.retention, ledger)
+        cycle.declare([*head, ledger, users, held, past, retiring, self.feed, *tail])
+        return ledger
+
+    @property
+    def signals(self) -> int:
+        """Signals committed since boot."""
+        return self.ledger.signals
+
+    @property
+    def forwarded(self) -> int:
+        """... and of those, forwarded to cohorts and communities."""
+        return self.ledger.forwarded
+
+    @property
+    def ledger_rows(self) -> int:
+        """Rows the ledger keeps now."""
+        return self.ledger.rows
 
     @property
     def tallies(self) -> int:
@@ -312,7 +349,7 @@ class Engine:
             reached.append((s.entity, s.kind, (None, *cohorts, *s.communities)))
         self.budget.check(reached)
 
-    # -- around each commit: ``steps``; the seqs are the signal path's -------
+    # -- the seqs: the signal path's; the commit cycle's ledger gives a refused batch's back
 
     def next_seq(self) -> int:
         return self._next_seq

@@ -32,8 +32,11 @@ from tidal.server.core import feed
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change, FeedRead
 from tidal.server.core.replies import Replier
+from tidal.server.storage import events
+from tidal.server.storage.sqlbulk import Dialect, Plan
 
 from .committer import Committer
+from .cycle import Participant
 from .subscriber import Subscription
 
 log = logging.getLogger("tidal.feed")
@@ -48,7 +51,7 @@ PASS_MAX_SECONDS: Final = 60.0
 RECENT: Final = 10_000
 
 
-class Feed:
+class Feed(Participant):
     def __init__(
         self,
         last_id: int,
@@ -151,7 +154,19 @@ class Feed:
             waiting = [sub.position for sub in self._subs.values() if not sub.live]
             batch.retire_events = (batch.retire_events[0], min(waiting, default=self.last_id))
 
-    def committed(self, batch: Batch) -> None:
+    def reads(self, batch: Batch) -> Plan[None]:
+        """The pages subscribers replay: what committed before this batch."""
+        for page in batch.feed_reads:
+            yield from events.read(page)
+
+    def writes(self, batch: Batch) -> bool:
+        return batch.retire_events is not None
+
+    def plan(self, batch: Batch, d: Dialect) -> Plan[int]:
+        """The batch's events, and retention's chunk: how many old events it deleted."""
+        return (yield from events.write(batch))
+
+    def committed(self, batch: Batch, found: int | None) -> None:
         """Before the batch's replies: its pages to their subscribers, then its events."""
         head = self.last_id  # the last event committed before this batch: what its pages saw
         for page in batch.feed_reads:
@@ -161,9 +176,9 @@ class Feed:
         if batch.changes and not self.cluster:  # cluster mode: pushed as applied
             self.last_id = batch.changes[-1].id
             self._push(batch.changes)
-        if batch.retire_events is not None:
-            self.retired += batch.events_retired
-            if batch.events_retired >= feed.RETIRE_EVENTS:
+        if batch.retire_events is not None and found is not None:
+            self.retired += found
+            if found >= feed.RETIRE_EVENTS:
                 self.caught_up.clear()
                 self._retire_due()  # more to do: the next batch takes the next chunk
             else:
@@ -173,7 +188,7 @@ class Feed:
             for sub in stalled:
                 self.read_on(sub)
 
-    def failed(self, batch: Batch, later: Batch) -> None:
+    def failed(self, batch: Batch, later: Batch, unknown: bool) -> None:
         """A refused batch gives its ids back; its pages are read again later (a first page
         is refused, as any read whose commit failed)."""
         if batch.changes and batch.changes[0].id:

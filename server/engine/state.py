@@ -38,10 +38,19 @@ class EngineState(Protocol):
     budget: Budget  # how much memory the board may take
     #: what a reply may take, after its envelope
     reply_budget: int
-    #: since boot: signals committed, and of those, forwarded
-    signals: int
-    forwarded: int
-    ledger_rows: int  # kept now
+
+    @property
+    def signals(self) -> int:
+        """Signals committed since boot."""
+
+    @property
+    def forwarded(self) -> int:
+        """... and of those, forwarded."""
+
+    @property
+    def ledger_rows(self) -> int:
+        """Rows the ledger keeps now."""
+
     connections: Callable[[], int]
 
     def next_seq(self) -> int:

@@ -28,16 +28,19 @@ def read(page: FeedRead) -> Plan[None]:
     ((page.oldest,),) = yield Rows("SELECT MIN(id) FROM events")
 
 
-def write(batch: Batch) -> Plan[None]:
+def write(batch: Batch) -> Plan[int]:
     """After the batch's withdrawals, whose counts its events carry. The last id is kept
-    apart from the rows, which retention may delete all of: an id is never given twice."""
+    apart from the rows, which retention may delete all of: an id is never given twice.
+    How many old events retention deleted."""
     if batch.changes:
         yield Put(EVENTS, [change.encode() for change in batch.changes])
         if batch.log is None:  # cluster mode: the commit log's row counts them
             yield Exec(SET_META, ("last_event_id", batch.changes[-1].id))
-    if batch.retire_events is not None:
-        before_ns, through = batch.retire_events
-        batch.events_retired = yield Changed(_RETIRE, (through, feed.RETIRE_EVENTS, before_ns))
+    if batch.retire_events is None:
+        return 0
+    before_ns, through = batch.retire_events
+    retired: int = yield Changed(_RETIRE, (through, feed.RETIRE_EVENTS, before_ns))
+    return retired
 
 
 def last(meta_last: int) -> Plan[tuple[int, int]]:

@@ -2,7 +2,7 @@
 
 ``--db`` names a SQLite file (``sqlite``, the embedded default) or a
 ``postgresql://`` URL (``postgres``); ``backends`` opens the one it names. Both run
-the same plans (``plans``) and keep the same promises: a batch is one
+the same plans (``plans``, composed by ``engine.cycle``) and keep the same promises: a batch is one
 transaction, and ``commit`` returns only once it is durable, or raises
 ``StorageFailure``.
 """
@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from tidal.server.core.batch import Batch
 from tidal.server.core.restore import BoardRows
 from tidal.server.core.rewrites import Rule
 from tidal.server.storage.sqlbulk import Dialect, Plan
@@ -62,10 +61,10 @@ class Storage(Protocol):
     ) -> Snapshot:
         """Everything the engine keeps in memory; called once, before serving."""
 
-    async def commit(self, batch: Batch) -> None:
-        """The batch's reads, then its writes in one transaction; raises ``StorageFailure``
-        if it did not commit (and only then), or ``CommitUnknown`` if the answer to its
-        COMMIT was lost (PostgreSQL)."""
+    async def commit(self, transaction: Callable[[Dialect], Plan[bool]]) -> None:
+        """A batch's reads, then its writes in one transaction (``engine.cycle``: True if
+        it committed one); raises ``StorageFailure`` if it did not commit (and only then),
+        or ``CommitUnknown`` if the answer to its COMMIT was lost (PostgreSQL)."""
 
     async def read(self, plan: Callable[[Dialect], Plan[T]]) -> T:
         """A plan of reads, beside the writer: on a connection of its own, in one read

@@ -1,7 +1,8 @@
 """What each commit does, statement by statement, for both backends (see ``sqlbulk``).
 
-A batch's reads and writes in one transaction: written once, as a plan, and run by
-``storage_sqlite`` or ``storage_pg``. Boot's read is in ``boot``.
+A batch's writes in one transaction, each participant of the commit cycle's statements
+written once, as a plan (``engine.cycle`` composes them, in order), and run by the SQLite
+or the PostgreSQL runner. Boot's read is in ``boot``.
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ import msgpack
 from tidal.server.core import ledger, past
 from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
+from tidal.server.core.chunks import Written
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
-from . import buckets, events, retention
+from . import buckets, retention
 from . import past as storage_past
 from .sqlbulk import (
     ADD_META,
     HEAD_LOCK,
     SET_META,
-    Begin,
     Bulk,
-    Commit,
     Dialect,
     Exec,
     Many,
@@ -144,92 +144,121 @@ _UPSERT_COHORT: Final = (
 )
 
 
-def apply(d: Dialect, batch: Batch, batch_id: int | None = None) -> Plan[bool]:
-    """The batch's reads, then its writes in one transaction. True if one was committed.
+# -- each participant's statements in a batch's transaction (``engine.cycle``), in the
+# order they run
 
-    Reads come first: ``history`` and ``left_users`` lay over what they read the writes
-    their batch carries (see ``past``), and a replay reads what committed before them. A
-    batch that changes nothing costs no transaction.
-    """
-    for page in batch.feed_reads:
-        yield from events.read(page)
-    for read in batch.reads:
-        if isinstance(read, past.HistoryRead):
-            args = (to_db(read.user_id), read.after_ns, read.limit)
-            read.rows = yield Rows(storage_past.SELECT_HISTORY, args)
-        else:
-            read.rows = yield from storage_past.left_users(read.after, read.wanted())
-    if (
-        not batch.writes
-        and batch.board_changed is None
-        and batch.retire is None
-        and batch.retire_events is None
-        and batch.rewrite is None
-    ):
-        if batch.reach:  # a health check: proof the database answers
-            yield Rows("SELECT 1")
-        return False
-    yield Begin()
+
+def log_head(batch: Batch) -> Plan[None]:
+    """Cluster mode, first: a batch the cohorts changed under takes the head's lock and
+    catches up; every batch but one of signals only takes the log's head (its events' ids
+    come from it), then updates rows (``_LOCK_ORDER``); one with nothing for the log is
+    fenced by its partitions alone."""
     if batch.log is not None and batch.log.catch_up is not None:
         yield from _catch_up(batch.log)
-    # cluster mode, a batch of signals only: its rows and its record in one statement, last.
-    # Every other takes the log's head first, then the rows it updates (``_LOCK_ORDER``)
-    signals_only = batch.log is not None and commit_log.signals_only(batch)
     if batch.log is not None:
-        if not signals_only:  # first: events' ids come from it
+        if not commit_log.signals_only(batch):
             yield from _logged(batch, first=True)
     elif batch.parts:
         held = yield Rows(FENCE, (list(batch.parts), list(batch.parts.values())))
         if len(held) != len(batch.parts):
             raise PartitionsLost(frozenset(batch.parts) - {part for (part,) in held})
         if batch.rewrite is not None and batch.rewrite.erase:
-            # cluster mode, a chunk of an erase with nothing for the log: it blanks entries
-            # in blocks of ``ledger_users``, which a merge rewrites under the head's lock
+            # a chunk of an erase with nothing for the log: it blanks entries in blocks of
+            # ``ledger_users``, which a merge rewrites under the head's lock
             yield Rows(HEAD_LOCK)
-    if not signals_only:
+
+
+def ledger_rows(batch: Batch, *, rows: bool = True) -> Plan[None]:
+    """The ledger's rows (``rows``: unless the log's statement writes them), the
+    idempotency keys used and those forgotten, and a health check's write."""
+    if rows:
         yield Put(LEDGER, batch.ledger)
-    memberships = batch.memberships.items()
-    yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
-    if batch.cohorts:
-        yield from _write_cohorts(batch)
     yield Put(_KEYS, [(key, seq, fwd, ts) for key, (seq, fwd, ts, _) in batch.keys.items()])
     if batch.probe:
         yield Exec(SET_META, ("health_probe_ns", time.time_ns()))
     if batch.forget_keys_before is not None:
         yield Exec("DELETE FROM signal_keys WHERE ts_ns < ?", (batch.forget_keys_before,))
-    board, shelf, changed = batch.board_state, batch.shelf, batch.board_changed
-    if board is not None and shelf is not None and changed is not None:
-        batch.board_written = yield from buckets.checkpoint(board, shelf, changed, batch.now_ns)
-        yield Exec(SET_META, ("aggregates_seq", batch.first_seq - 1))
-        yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
-    if batch.users_blocks and batch.log is None:  # cluster mode: in the log's statement
+
+
+def user_state(batch: Batch, *, blocks: bool = True) -> Plan[None]:
+    """Who left and rejoined; the blocks of ``ledger_users`` (``blocks``: unless the log's
+    statement writes them); cohorts defined and dropped."""
+    memberships = batch.memberships.items()
+    yield Put(_MEMBERSHIPS, [(to_db(u), int(left), at) for u, (left, at) in memberships])
+    if blocks and batch.users_blocks:
         yield Many(storage_past.PUT_BLOCK, batch.users_blocks)
-    if batch.past or batch.retire is not None or batch.rewrite is not None:
-        # after the checkpoint: what it wrote is the table these rows are withdrawn from
-        watermark = yield from table_watermark()
-        # rows are about to go, maybe the newest: a seq once acknowledged is never
-        # given again, so the next boot must not take its next seq from what is left
-        yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
+    if batch.cohorts:
+        yield from _write_cohorts(batch)
+
+
+def checkpoint(batch: Batch) -> Plan[Written | None]:
+    """The board's tallies changed since the last checkpoint, as it holds them: the rows it
+    wrote, or None with no checkpoint due."""
+    board, shelf, changed = batch.board_state, batch.shelf, batch.board_changed
+    if board is None or shelf is None or changed is None:
+        return None
+    written = yield from buckets.checkpoint(board, shelf, changed, batch.now_ns)
+    yield Exec(SET_META, ("aggregates_seq", batch.first_seq - 1))
+    yield Exec(SET_META, ("board_seq", batch.first_seq - 1))
+    return written
+
+
+def past_reads(batch: Batch) -> Plan[None]:
+    """Before the transaction: pages of users' history, and of the users who have left."""
+    for read in batch.reads:
+        if isinstance(read, past.HistoryRead):
+            args = (to_db(read.user_id), read.after_ns, read.limit)
+            read.rows = yield Rows(storage_past.SELECT_HISTORY, args)
+        else:
+            read.rows = yield from storage_past.left_users(read.after, read.wanted())
+
+
+def _rows_go(batch: Batch) -> Plan[int]:
+    """Before rows are deleted or flipped, after the checkpoint (what it wrote is the table
+    they are withdrawn from): its watermark. Rows may go, the newest among them: a seq once
+    acknowledged is never given again, so the next boot must not take its next seq from
+    what is left."""
+    watermark = yield from table_watermark()
+    yield Exec(SET_META, ("next_seq", batch.first_seq + len(batch.ledger)))
+    return watermark
+
+
+def withdrawals(d: Dialect, batch: Batch) -> Plan[None]:
+    """A chunk of rows rewritten, then the batch's purges and erasures; then the users'
+    history lines (``storage_past``)."""
+    if batch.past or batch.rewrite is not None:
+        watermark = yield from _rows_go(batch)
         if batch.rewrite is not None:  # before the withdrawals: one may write its rule anew
             yield from storage_past.rewrite(d, batch.rewrite)
         yield from storage_past.withdraw(d, batch, watermark)
-        if batch.retire_ranges:  # cluster mode: the board is the log's, no table's
-            yield from retention.retire_ranges(batch)
-        elif batch.retire is not None:  # only rows the tables hold
-            yield from retention.retire(batch, watermark)
-        if batch.retired:  # so that boot knows how many rows there are without counting
-            yield Exec(ADD_META, ("ledger_deleted", batch.retired))
     if batch.history:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
-    yield from events.write(batch)
+
+
+def retired(batch: Batch) -> Plan[int]:
+    """Ledger retention's chunk: how many rows it deleted (``retention``)."""
+    if batch.retire is None:
+        return 0
+    watermark = yield from _rows_go(batch)
+    if batch.retire_ranges:  # cluster mode: the board is the log's, no table's
+        gone = yield from retention.retire_ranges(batch.retire)
+    else:  # only rows the tables hold
+        gone = yield from retention.retire(batch.retire, watermark)
+    if gone:  # so that boot knows how many rows there are without counting
+        yield Exec(ADD_META, ("ledger_deleted", gone))
+    return gone
+
+
+def log_record(batch: Batch) -> Plan[None]:
+    """Cluster mode, last: a batch with a purge or erase, its record now that the
+    withdrawals have found what they take off; a batch of signals only, its rows and its
+    record in one statement with the log's head (the lock held the least)."""
     if batch.log is not None and batch.past:
         batch.log.record = commit_log.encode(batch)
         yield Exec(_LOG_RECORD, (batch.log.id, batch.log.node, batch.log.record))
-    elif signals_only:
-        yield from _logged(batch, first=False)  # last: the lock held the least
-    yield Commit(batch_id)
-    return True
+    elif batch.log is not None and commit_log.signals_only(batch):
+        yield from _logged(batch, first=False)
 
 
 def _logged(batch: Batch, *, first: bool) -> Plan[None]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Final
 
 from tidal.server.core import userrows
-from tidal.server.core.batch import Batch
 
 from .sqlbulk import HEAD_LOCK, Changed, Exec, Plan, Rows
 
@@ -22,18 +21,18 @@ _RETIRE: Final = """
         SELECT seq FROM ledger WHERE seq <= ? ORDER BY seq LIMIT ?) AND ts_ns < ?"""
 
 
-def retire(batch: Batch, watermark: int) -> Plan[None]:
-    """A chunk of ledger retention; then the blocks of ``ledger_users`` no row is left in."""
-    assert batch.retire is not None
-    before_ns, most = batch.retire
+def retire(retire: tuple[int, int], watermark: int) -> Plan[int]:
+    """A chunk of ledger retention, ``retire``: (rows before ts_ns, at most); then the
+    blocks of ``ledger_users`` no row is left in. How many rows it deleted."""
+    before_ns, most = retire
     oldest = yield Rows(_OLDEST)
     if not oldest or oldest[0][0] >= before_ns:  # nothing is old enough: one row read
-        batch.retired = 0
-        return
-    batch.retired = yield Changed(_RETIRE, (watermark, most, before_ns))
+        return 0
+    gone: int = yield Changed(_RETIRE, (watermark, most, before_ns))
     ((first,),) = yield Rows("SELECT MIN(seq) FROM ledger")
     first = first if first is not None else watermark + 1
     yield Changed(_RETIRE_BLOCKS, (first - userrows.BLOCK, most))
+    return gone
 
 
 #: cluster mode: each node gives seqs from blocks of 2**40 of its own (``postgres.cluster``),
@@ -55,18 +54,19 @@ _RETIRE_RANGE_BLOCKS: Final = """
             (SELECT MIN(seq) FROM ledger WHERE seq >= ? AND seq < ?), ?)"""
 
 
-def retire_ranges(batch: Batch) -> Plan[None]:
+def retire_ranges(retire: tuple[int, int]) -> Plan[int]:
     """Cluster mode (PostgreSQL): a chunk of ledger retention, the oldest rows of each
-    node's range of seqs, and the blocks of ``ledger_users`` left empty. Under the log
-    head's lock, which every transaction writing blocks holds (a merge of them too). The
-    board keeps counting the rows, as one tidal's does: windows end by time anyway."""
-    assert batch.retire is not None
-    before_ns, most = batch.retire
+    node's range of seqs, and the blocks of ``ledger_users`` left empty; how many rows.
+    Under the log head's lock, which every transaction writing blocks holds (a merge of
+    them too). The board keeps counting the rows, as one tidal's does: windows end by time
+    anyway."""
+    before_ns, most = retire
     yield Rows(HEAD_LOCK)
     old = [n for (n,) in (yield Rows(_OLD_RANGES, (_RANGE, _RANGE, before_ns)))]
-    batch.retired = 0
+    gone = 0
     share = max(1, most // len(old)) if old else 0
     for n in old:
         low, high = n * _RANGE, (n + 1) * _RANGE
-        batch.retired += yield Changed(_RETIRE_RANGE, (low, high, share, before_ns))
+        gone += yield Changed(_RETIRE_RANGE, (low, high, share, before_ns))
         yield Exec(_RETIRE_RANGE_BLOCKS, (low, high, low, high, high))
+    return gone

@@ -26,7 +26,6 @@ from typing import Any, Final, TypeVar
 import asyncpg
 
 from tidal.server.config import Durability, redact
-from tidal.server.core.batch import Batch
 from tidal.server.errors import (
     CohortsChanged,
     CommitUnknown,
@@ -35,7 +34,7 @@ from tidal.server.errors import (
     PartitionsLost,
     StorageFailure,
 )
-from tidal.server.storage import boot, plans
+from tidal.server.storage import boot
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
@@ -193,11 +192,11 @@ class PgStorage:
     def node_lock(self) -> AdvisoryLock:
         return self._session.lock
 
-    async def commit(self, batch: Batch) -> None:
+    async def commit(self, transaction: Callable[[Dialect], Plan[bool]]) -> None:
         conn = await self._session.connection()
         try:
             session = self._session
-            plan = plans.apply(POSTGRES, batch)
+            plan = transaction(POSTGRES)
             wrote = await run(conn, session.ids, plan, alive=session.answers)
         except CommitLost as exc:
             batch_id = self._session.ids.next_id

@@ -22,9 +22,8 @@ from typing import Any, Final, TypeVar, cast
 import aiosqlite
 
 from tidal.server.config import Durability
-from tidal.server.core.batch import Batch
 from tidal.server.errors import StorageFailure
-from tidal.server.storage import boot, plans
+from tidal.server.storage import boot
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import (
     SQLITE,
@@ -117,10 +116,10 @@ class SqliteStorage:
         load = boot.load(SQLITE, keys_since_ns, max_keys, half_lives, now_ns)
         return await self._db.run(lambda db: run(db, load))
 
-    async def commit(self, batch: Batch) -> None:
+    async def commit(self, transaction: Callable[[Dialect], Plan[bool]]) -> None:
         """The batch's plan, as one call on the thread."""
         try:
-            wrote = await self._db.run(lambda db: run(db, plans.apply(SQLITE, batch)))
+            wrote = await self._db.run(lambda db: run(db, transaction(SQLITE)))
         except sqlite3.Error as exc:
             if is_data_error(exc):
                 raise StorageFailure(f"commit refused: {exc}", transient=True, data=True) from exc
