@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent
 #: patched, which compiled code would not see), app, and everything off the hot path.
 COMPILED = {
     "protocol": ["framing", "connection", "headers", "messages", "partitions"],
-    "server/net": ["connection", "flow", "replies"],
+    "server/net": ["connection", "flow", "outgoing"],
     "server/core": [
         "aggregates", "asks", "batch", "board", "budget", "chunks", "cohorts", "counts", "keys",
         "ledger", "matching", "members", "orders", "owners", "params", "parts", "past", "ranking",

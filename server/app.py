@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tidal.server.engine.engine import Engine
 from tidal.server.engine.health import Booting, Standby
 from tidal.server.net.connection import ServerConnection
-from tidal.server.net.state import ServerState
+from tidal.server.net.shared import ServerState
 from tidal.server.net.sweep import sweep_idle
 from tidal.server.net.tls import is_loopback, tls_context
 from tidal.server.storage.backends import open_storage

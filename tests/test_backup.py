@@ -14,7 +14,7 @@ from tidal.client import Client
 from tidal.server import Config, Server
 from tidal.server.errors import BackupFailed
 from tidal.server.storage.sqlite.backup import backup
-from tidal.server.storage.sqlite.runner import SqliteStorage
+from tidal.server.storage.sqlite.sqlite_storage import SqliteStorage
 
 from .conftest import ServerProcess
 

@@ -27,8 +27,8 @@ from tidal.server.core.windows import HOUR_NS, MINUTE_NS
 from tidal.server.storage import boot, buckets
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import SQLITE, Begin, Commit, Plan
-from tidal.server.storage.sqlite.runner import run
-from tidal.server.storage.sqlite.schema import MIGRATIONS
+from tidal.server.storage.sqlite.sqlite_schema import MIGRATIONS
+from tidal.server.storage.sqlite.sqlite_storage import run
 
 from .conftest import Database, ServerProcess
 

@@ -20,7 +20,7 @@ from tidal.client import Client, ConnectionLost, Signal, Unavailable
 from tidal.server import Config, Server
 from tidal.server.core.batch import Batch
 from tidal.server.errors import DatabaseUnusable, StorageFailure
-from tidal.server.storage.sqlite.schema import SCHEMA_VERSION
+from tidal.server.storage.sqlite.sqlite_schema import SCHEMA_VERSION
 
 from .conftest import Database, ServerProcess
 

@@ -13,7 +13,7 @@ import pytest
 
 from tidal.client import Client, InvalidParams, Signal
 from tidal.server import Config, Server
-from tidal.server.storage.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
+from tidal.server.storage.sqlite.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 
 from .conftest import Database, ServerProcess
 

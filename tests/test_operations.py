@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tidal import cli
-from tidal.server.storage.sqlite.schema import SCHEMA_VERSION
+from tidal.server.storage.sqlite.sqlite_schema import SCHEMA_VERSION
 
 from .conftest import Database, ServerProcess, tmpfs
 

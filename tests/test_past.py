@@ -19,7 +19,7 @@ from tidal.server.core import userrows
 from tidal.server.core.ledger import COMMUNITY
 from tidal.server.engine import retention
 from tidal.server.errors import StorageFailure
-from tidal.server.storage.sqlite.schema import MIGRATIONS
+from tidal.server.storage.sqlite.sqlite_schema import MIGRATIONS
 
 from .conftest import Database, ServerProcess
 from .rawrpc import RawPeer

@@ -12,7 +12,7 @@ import pytest
 
 from tidal.server.storage.postgres import execute
 from tidal.server.storage.sqlbulk import Begin, Commit, Exec, Plan
-from tidal.server.storage.sqlite import runner
+from tidal.server.storage.sqlite import sqlite_storage
 
 from .conftest import Database
 
@@ -35,7 +35,7 @@ def written_then(op: Any) -> Plan[None]:
 async def run_on(database: Database, plan: Plan[Any]) -> Any:
     if database.backend == "sqlite":
         with contextlib.closing(sqlite3.connect(database.target, isolation_level=None)) as db:
-            return runner.run(db, plan)
+            return sqlite_storage.run(db, plan)
     conn = await asyncpg.connect(database.target)
     try:
         return await execute.run(conn, execute.BatchIds(), plan)

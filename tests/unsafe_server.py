@@ -12,8 +12,8 @@ import sys
 from tidal.cli import main
 from tidal.server.core.replies import Later
 from tidal.server.engine.cycle import Transaction
-from tidal.server.storage.postgres.runner import PgStorage
-from tidal.server.storage.sqlite.runner import SqliteStorage
+from tidal.server.storage.postgres.pg_storage import PgStorage
+from tidal.server.storage.sqlite.sqlite_storage import SqliteStorage
 
 
 def acks_first(storage: type[SqliteStorage] | type[PgStorage]) -> None:

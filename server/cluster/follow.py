@@ -19,8 +19,8 @@ import asyncpg
 from tidal.protocol.refusals import Unavailable
 from tidal.server.engine.replica import Replica
 from tidal.server.logs import Throttle
-from tidal.server.storage.postgres import cluster as tables
-from tidal.server.storage.postgres.runner import PgStorage
+from tidal.server.storage.postgres import pg_cluster as tables
+from tidal.server.storage.postgres.pg_storage import PgStorage
 from tidal.server.storage.postgres.session import close_quietly
 
 log = logging.getLogger("tidal.cluster")

@@ -37,9 +37,9 @@ from tidal.server.engine.engine import Engine
 from tidal.server.logs import Throttle
 from tidal.server.storage.interface import Snapshot, Storage
 from tidal.server.storage.postgres import blocks
-from tidal.server.storage.postgres import cluster as tables
+from tidal.server.storage.postgres import pg_cluster as tables
 from tidal.server.storage.postgres.lock import AdvisoryLock
-from tidal.server.storage.postgres.runner import PgStorage
+from tidal.server.storage.postgres.pg_storage import PgStorage
 from tidal.server.storage.postgres.session import close_quietly
 
 from .follow import Follower

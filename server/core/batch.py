@@ -81,7 +81,7 @@ class Batch:
     history: list[Event] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)  # the change feed's events, in order
     feed_reads: list[FeedRead] = field(default_factory=list)  # pages subscribers replay
-    #: feed retention: (events before at_ns, through this id at most; see ``engine.feed``)
+    #: feed retention: (events before at_ns, through this id at most; see ``engine.publisher``)
     retire_events: tuple[int, int] | None = None
     retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
     retire_ranges: bool = False  # ... cluster mode: in each node's range of seqs

@@ -14,7 +14,7 @@ order requests are read: it reaches the rows of the user read before it
 adds the few rows the snapshot could not see, takes the sums off, and records
 the rule that the rows are then read through (``rewrites``); the rows themselves
 are rewritten over the commits after. A ``counts`` or ``top`` read after the purge
-waits for the commit where it takes effect (``engine.past``).
+waits for the commit where it takes effect (``engine.withdrawals``).
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class Withdrawal:
     seqs: list[int] = field(default_factory=list)  # ... their seqs, to rewrite
     board: list[Contribution] = field(default_factory=list)  # off the board once committed
     seconds: float = 0.0  # the writer's time on it
+    left_at_ns: int | None = None  # an erase: when the user left, which its event tells
 
     def __str__(self) -> str:
         done = "erased" if self.erase else "purged"

@@ -81,7 +81,7 @@ class Replier(Protocol):
 
     def flush(self) -> None: ...
 
-    # -- what the change feed pushes through (``engine.feed``) ------------------------
+    # -- what the change feed pushes through (``engine.publisher``) ------------------------
 
     #: told when the connection can take more, and when it is gone
     listener: Listener | None

@@ -3,7 +3,7 @@
 A user's rows lie across the whole ledger: flipping or deleting 10,000 of them
 rewrites 10,000 pages, a quarter of a second and more inside one commit that
 every client waits on. So a withdrawal takes its sums off at once (from a survey
-read beside the writer, see ``engine.past``) and records a rule in ``rewrites``,
+read beside the writer, see ``engine.withdrawals``) and records a rule in ``rewrites``,
 in the same transaction: the user's rows below ``erase_before`` count as gone,
 those below ``purge_before`` as not forwarded, whatever the rows still say. The
 rows are then rewritten ``CHUNK`` at a time, one chunk per commit, and the rule

@@ -5,12 +5,11 @@ Each is applied at once, like a signal, and recorded in the open batch with a
 line of the user's history and an event of the change feed; its reply waits for
 the commit. A purge or erase reaches the user's rows read before it; it is
 surveyed first, and joins a batch, with its line and event, once it has been
-(``engine.past``).
+(``engine.withdrawals``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from tidal.server.core import feed
@@ -18,24 +17,24 @@ from tidal.server.core.asks import CohortAsk
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change
 from tidal.server.core.members import Membership
-from tidal.server.core.past import ERASE, LEAVE, PURGE, REJOIN, Event, Withdrawal
+from tidal.server.core.past import LEAVE, REJOIN, Event, Withdrawal
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
+from tidal.server.core.timeline import Timeline
 
-from .state import EngineState
+from .shape import EngineState
 
 
 class Changes:
-    def __init__(self, engine: EngineState, last_event_ns: int, clock: Callable[[], int]) -> None:
+    def __init__(self, engine: EngineState, timeline: Timeline) -> None:
         self._e = engine
-        self._clock = clock
-        self._last_event_ns = last_event_ns
+        self._timeline = timeline
 
     def leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id, purge = args  # checked and parsed at the edge (``core.edge``), as below
         batch = self._e.committer.writable()
         if self._e.owners is not None:
             self._e.owners.check(user_id, batch)
-        membership = self._e.members.leave(batch, user_id, self._event_ns())
+        membership = self._e.members.leave(batch, user_id, self._timeline.now())
         at = membership.left_at_ns
         assert at is not None  # a leave has its time
         self._line(batch, user_id, LEAVE, at)
@@ -47,13 +46,8 @@ class Changes:
         # own (a filter on "purge" sees it), takes effect a commit or two later, and the
         # reply goes with it (refused if the leave's batch is)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
-
-        def join(batch: Batch) -> None:
-            at = self._event(batch, user_id, PURGE, w)
-            batch.changes.append(Change(feed.PURGE, at, user_id, withdrawal=w))
-
         saved = "the leave is saved (the user is Left)"
-        self._e.past.ask(w, join, conn, msgid, Outcome(w, membership, saved, batch), saved)
+        self._e.past.ask(w, conn, msgid, Outcome(w, membership, saved, batch), saved)
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id: int = args[0]
@@ -62,7 +56,7 @@ class Changes:
             self._e.owners.check(user_id, batch)
         membership = self._e.members.rejoin(batch, user_id)
         if membership is not None:
-            at = self._event_ns()
+            at = self._timeline.now()
             self._line(batch, user_id, REJOIN, at)
             batch.changes.append(Change(feed.REJOIN, at, user_id, membership.left_at_ns))
             self._e.committer.ack(conn, msgid, membership.wire())
@@ -75,12 +69,7 @@ class Changes:
         if self._e.owners is not None:  # checked again as it joins its batch (``past``)
             self._e.owners.check(user_id)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
-
-        def join(batch: Batch) -> None:
-            at = self._event(batch, user_id, PURGE, w)
-            batch.changes.append(Change(feed.PURGE, at, user_id, withdrawal=w))
-
-        self._e.past.ask(w, join, conn, msgid, Outcome(w))
+        self._e.past.ask(w, conn, msgid, Outcome(w))
 
     def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Right to erasure: the rows go, with all they added; the user stays Left, so
@@ -93,41 +82,21 @@ class Changes:
         self._e.keys.erasing(batch, user_id, w.before_seq)
         saved = ""
         if not self._e.members.is_left(user_id):
-            left = self._e.members.leave(batch, user_id, self._event_ns()).left_at_ns
+            left = self._e.members.leave(batch, user_id, self._timeline.now()).left_at_ns
             assert left is not None  # a leave has its time
-            self._last_event_ns = left
+            self._timeline.saw(left)
             saved = "the user is Left, as the erase was read"
-        left_at = self._e.members.status(user_id).left_at_ns
+        w.left_at_ns = self._e.members.status(user_id).left_at_ns
+        self._e.past.ask(w, conn, msgid, Outcome(w, None, saved, batch), saved)
 
-        def join(batch: Batch) -> None:
-            at = self._event(batch, user_id, ERASE, w)
-            # the user's id and how much went: none of their data
-            batch.changes.append(Change(feed.ERASE, at, user_id, left_at, w))
-
-        self._e.past.ask(w, join, conn, msgid, Outcome(w, None, saved, batch), saved)
-
-    def _event_ns(self) -> int:
-        """Now, for a history event: later than every event before, so that a user's
-        history pages by time exactly, even if the wall clock steps back."""
-        return max(self._clock(), self._last_event_ns + 1)
-
-    def _event(self, batch: Batch, user_id: int, event: int, w: Withdrawal) -> int:
-        """A purge's or erase's line of the user's history, as it joins its batch: its time."""
-        w.at_ns = self._event_ns()
-        self._line(batch, user_id, event, w.at_ns, w)
-        return w.at_ns
-
-    def _line(
-        self, batch: Batch, user_id: int, event: int, at_ns: int, w: Withdrawal | None = None
-    ) -> None:
+    def _line(self, batch: Batch, user_id: int, event: int, at_ns: int) -> None:
         """A line of the user's history, written with the change it records."""
-        self._last_event_ns = max(self._last_event_ns, at_ns)
-        batch.history.append(Event(user_id, at_ns, event, w))
+        self._timeline.saw(at_ns)
+        batch.history.append(Event(user_id, at_ns, event))
 
     def _feed_event(self, batch: Batch, change: Change) -> None:
         """An event that is no line of a user's history, timed as the events are."""
-        change.at_ns = self._event_ns()
-        self._last_event_ns = change.at_ns
+        change.at_ns = self._timeline.take()
         batch.changes.append(change)
 
     def define_cohort(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:

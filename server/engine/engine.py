@@ -40,6 +40,7 @@ from tidal.server.core.replies import Replier
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.rewrites import Rewrites, Rule
 from tidal.server.core.signals import SignalArgs, compact_acks, signal_batch, single_signal
+from tidal.server.core.timeline import Timeline
 from tidal.server.core.userrows import UserRows
 from tidal.server.core.windows import AHEAD_NS
 from tidal.server.metrics import Metrics
@@ -50,15 +51,15 @@ from .clustered import LoggedBoard, LoggedLedger, LoggedUsers, LogHead, LogRecor
 from .committer import Committer
 from .cycle import Cycle, Participant
 from .dispatch import dispatch
-from .feed import Feed
 from .handlers import served
 from .participants import Checkpoint, Ledger, Retiring, Users, Withdrawals
-from .past import Past
+from .publisher import Feed
 from .ranked import Ranked
 from .reads import Reads
 from .replica import Replica
 from .retention import Retention
 from .room import ReplyRoom
+from .withdrawals import Past
 
 log = logging.getLogger("tidal.engine")
 
@@ -126,6 +127,7 @@ class Engine:
         )
         leads = None if owners is None else (lambda: 0 in owners.owned)
         self.retention = Retention(ledger_retention, clock, self.committer, leads)
+        timeline = Timeline(snapshot.last_event_ns, clock)  # of history lines and events
         self.past = Past(
             storage,
             self.committer,
@@ -134,6 +136,7 @@ class Engine:
             clock,
             self.keys,
             self.user_rows,
+            timeline,
             owners,
         )
         self.feed = Feed(
@@ -143,7 +146,7 @@ class Engine:
             heartbeat=heartbeat,
             retention=event_retention,
         )
-        changes = Changes(self, snapshot.last_event_ns, clock)
+        changes = Changes(self, timeline)
         ranked = Ranked(self, clock)
         reads = self._reads = Reads(self, ranked)
         self.health = reads.health_report

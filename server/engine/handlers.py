@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .changes import Changes
 from .dispatch import Handler, discover
-from .feed import Feed
+from .publisher import Feed
 from .ranked import Ranked
 from .reads import Reads
 

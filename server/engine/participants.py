@@ -22,8 +22,8 @@ from tidal.server.storage.sqlbulk import Dialect, Plan
 
 from .committer import Committer
 from .cycle import Participant
-from .past import Past
 from .retention import Retention
+from .withdrawals import Past
 
 
 class Ledger(Participant):

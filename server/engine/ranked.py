@@ -22,7 +22,7 @@ from tidal.server.core import catalog, orders, ranking
 from tidal.server.core.ledger import Slot
 from tidal.server.core.replies import Later, Replier
 
-from .state import EngineState
+from .shape import EngineState
 
 #: seconds a read's preparation leaves half the event loop to everyone else
 PACED: Final = 1.0

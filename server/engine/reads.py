@@ -34,13 +34,13 @@ from tidal.server.core import orders, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
 from tidal.server.errors import StorageFailure
-from tidal.server.storage import past as storage_past
+from tidal.server.storage import past_sql as storage_past
 from tidal.server.storage.sqlbulk import Dialect, Plan
 from tidal.server.version import VERSION, compiled
 
 from .health import STALLED, HealthCheck, report
 from .ranked import Ranked
-from .state import EngineState
+from .shape import EngineState
 
 log = logging.getLogger("tidal.engine")
 

@@ -24,8 +24,8 @@ from tidal.server.core.rematch import rematch
 from tidal.server.core.replies import Replier
 from tidal.server.core.tallies import Contribution
 
-from .feed import Feed
-from .state import EngineState
+from .publisher import Feed
+from .shape import EngineState
 
 log = logging.getLogger("tidal.engine")
 

@@ -31,8 +31,8 @@ from tidal.server.logs import Throttle
 
 from .auth import AUTH_ATTEMPTS, PREAUTH_BYTES, Auth
 from .flow import FlowControl
-from .replies import encode
-from .state import ServerState
+from .outgoing import encode
+from .shared import ServerState
 
 log = logging.getLogger("tidal.connection")
 #: error replies, a line per code at most every 10 s: a client retrying against a database

@@ -15,7 +15,7 @@ async def open_storage(config: Config, standby: Callable[[str], None] | None) ->
     told who serves the database, if another tidal does and this one is to wait for it."""
     db, durability = config.db, config.durability
     if is_url(db):
-        from tidal.server.storage.postgres.runner import PgStorage
+        from tidal.server.storage.postgres.pg_storage import PgStorage
 
         return await PgStorage.open(
             db,
@@ -25,6 +25,6 @@ async def open_storage(config: Config, standby: Callable[[str], None] | None) ->
             standby=standby,
             node=config.advertise if config.cluster else None,
         )
-    from tidal.server.storage.sqlite.runner import SqliteStorage
+    from tidal.server.storage.sqlite.sqlite_storage import SqliteStorage
 
     return await SqliteStorage.open(db, durability)

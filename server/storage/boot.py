@@ -16,7 +16,7 @@ from tidal.server.core.rewrites import GONE, Rule, reach
 from tidal.server.core.sums import aggregate_rows, bucket_rows
 
 from . import buckets, events
-from . import past as storage_past
+from . import past_sql as storage_past
 from .interface import Snapshot
 from .sqlbulk import (
     SET_META,

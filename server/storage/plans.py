@@ -19,8 +19,8 @@ from tidal.server.core.batch import Batch, Entry
 from tidal.server.core.chunks import Written
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
-from . import buckets, retention
-from . import past as storage_past
+from . import buckets, retention_sql
+from . import past_sql as storage_past
 from .sqlbulk import (
     ADD_META,
     HEAD_LOCK,
@@ -242,9 +242,9 @@ def retired(batch: Batch) -> Plan[int]:
         return 0
     watermark = yield from _rows_go(batch)
     if batch.retire_ranges:  # cluster mode: the board is the log's, no table's
-        gone = yield from retention.retire_ranges(batch.retire)
+        gone = yield from retention_sql.retire_ranges(batch.retire)
     else:  # only rows the tables hold
-        gone = yield from retention.retire(batch.retire, watermark)
+        gone = yield from retention_sql.retire(batch.retire, watermark)
     if gone:  # so that boot knows how many rows there are without counting
         yield Exec(ADD_META, ("ledger_deleted", gone))
     return gone

@@ -7,7 +7,7 @@ from typing import Final
 
 import asyncpg
 
-from .cluster import LIVE, cluster_of
+from .pg_cluster import LIVE, cluster_of
 
 
 @dataclass(slots=True)

@@ -17,9 +17,9 @@ from tidal.server.core.owners import Owners
 from tidal.server.storage.interface import Storage
 
 from .committer import Committer
-from .feed import Feed
-from .past import Past
+from .publisher import Feed
 from .retention import Retention
+from .withdrawals import Past
 
 
 class EngineState(Protocol):

@@ -25,7 +25,7 @@ from tidal.server.errors import DatabaseInUse, DatabaseUnusable
 from tidal.server.storage.sqlbulk import from_db
 
 from .lock import AdvisoryLock
-from .schema import CLUSTER_MIGRATIONS, steps
+from .pg_schema import CLUSTER_MIGRATIONS, steps
 from .session import STATEMENT_TIMEOUT
 
 #: seqs per block: a node takes a new block when it starts and whenever it takes

@@ -42,7 +42,7 @@ from tidal.server.storage.sqlbulk import (
     unknown,
 )
 
-from . import schema
+from . import sqlite_schema
 
 log = logging.getLogger("tidal.storage")
 
@@ -84,7 +84,7 @@ class SqliteStorage:
         if durability not in ("full", "normal"):
             raise ValueError(f"durability: must be 'full' or 'normal', got {durability!r}")
         location = str(path)
-        schema.check_writable(location)
+        sqlite_schema.check_writable(location)
 
         pending = _Connection(functools.partial(_connect, location), iter_chunk_size=256)
         try:
@@ -92,19 +92,21 @@ class SqliteStorage:
         except sqlite3.Error as exc:
             if pending._stopping is not None:
                 await pending._stopping
-            raise schema.explain(location, exc) from None
+            raise sqlite_schema.explain(location, exc) from None
         try:
-            await schema.refuse_foreign(db, location)  # before WAL mode: that writes the file
+            await sqlite_schema.refuse_foreign(
+                db, location
+            )  # before WAL mode: that writes the file
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={durability.upper()}")
             # deleted content is overwritten, not left in free space: an erased user's
             # rows must not survive in the file
             await db.execute("PRAGMA secure_delete=ON")
-            await schema.check(db, location)
-            await schema.migrate(db, location)
+            await sqlite_schema.check(db, location)
+            await sqlite_schema.migrate(db, location)
         except sqlite3.Error as exc:
             await db.close()
-            raise schema.explain(location, exc) from None
+            raise sqlite_schema.explain(location, exc) from None
         except BaseException:
             await db.close()
             raise

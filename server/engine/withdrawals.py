@@ -26,16 +26,19 @@ from typing import Final
 
 from tidal.protocol import ErrorCode
 from tidal.protocol.refusals import ServerError, Unavailable, said
+from tidal.server.core import feed
 from tidal.server.core.batch import Batch
+from tidal.server.core.feed import Change
 from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
-from tidal.server.core.past import Withdrawal
+from tidal.server.core.past import ERASE, PURGE, Event, Withdrawal
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Refusal, Replier
 from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
+from tidal.server.core.timeline import Timeline
 from tidal.server.core.userrows import UserRows
 from tidal.server.errors import StorageFailure
 from tidal.server.logs import Throttle
-from tidal.server.storage import past as storage_past
+from tidal.server.storage import past_sql as storage_past
 from tidal.server.storage.interface import Storage
 
 from .committer import Committer
@@ -58,7 +61,6 @@ class Asked:
     reads that wait for it."""
 
     w: Withdrawal
-    join: Callable[[Batch], None]  # its history line and event, timed as it joins
     conn: Replier
     msgid: int | None
     reply: Later
@@ -77,6 +79,7 @@ class Past:
         clock: Callable[[], int],
         keys: Keys,
         user_rows: UserRows,
+        timeline: Timeline,
         owners: Owners | None = None,
     ) -> None:
         self._storage = storage
@@ -86,6 +89,7 @@ class Past:
         self._clock = clock
         self._keys = keys
         self._user_rows = user_rows
+        self._timeline = timeline
         self._asked: deque[Asked] = deque()  # read, not yet in a batch
         #: users with a withdrawal in a batch not yet committed: done when it is
         self._joined: dict[int, asyncio.Future[None]] = {}
@@ -140,11 +144,12 @@ class Past:
 
     # -- requests ------------------------------------------------------------
 
-    def ask(self, w: Withdrawal, join: Callable[[Batch], None], conn: Replier,
-            msgid: int | None, reply: Later, saved: str = "") -> None:  # fmt: skip
+    def ask(
+        self, w: Withdrawal, conn: Replier, msgid: int | None, reply: Later, saved: str = ""
+    ) -> None:
         """``saved``: what the request wrote as it was read (a leave), which a refusal
         of the withdrawal does not take back, for the refusal to say."""
-        self._asked.append(Asked(w, join, conn, msgid, reply, self._committer.open, saved))
+        self._asked.append(Asked(w, conn, msgid, reply, self._committer.open, saved))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-past")
 
@@ -219,6 +224,18 @@ class Past:
             self._unerasing(a.w)
             self._refuse(a, message)
 
+    def _record(self, w: Withdrawal, batch: Batch) -> None:
+        """Its line of the user's history and its event of the feed, timed as it joins
+        its batch; an erase's event tells the user's id and how much went, none of their
+        data."""
+        w.at_ns = self._timeline.take()
+        batch.history.append(Event(w.user_id, w.at_ns, ERASE if w.erase else PURGE, w))
+        if w.erase:
+            change = Change(feed.ERASE, w.at_ns, w.user_id, w.left_at_ns, w)
+        else:
+            change = Change(feed.PURGE, w.at_ns, w.user_id, withdrawal=w)
+        batch.changes.append(change)
+
     def _settle(self, batch: Batch) -> None:
         for w in batch.past:
             settled = self._joined.pop(w.user_id, None)
@@ -289,7 +306,7 @@ class Past:
                         continue
                 a.w.survey = found
                 self._joined[a.w.user_id] = asyncio.get_running_loop().create_future()
-                a.join(batch)
+                self._record(a.w, batch)
                 batch.past.append(a.w)
                 batch.writes += 1
                 self._committer.ack(a.conn, a.msgid, a.reply)

@@ -38,10 +38,10 @@ from tidal.server.storage import boot
 from tidal.server.storage.interface import Snapshot
 from tidal.server.storage.sqlbulk import POSTGRES, Dialect, Plan
 
-from .cluster import cluster_of
 from .execute import BatchIds, CommitLost, CommitUnreplicated, Fenced, answered, run
 from .lock import AdvisoryLock
-from .schema import migrate
+from .pg_cluster import cluster_of
+from .pg_schema import migrate
 from .session import (
     CONNECT_TIMEOUT,
     LOST,
