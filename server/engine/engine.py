@@ -47,12 +47,11 @@ from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Snapshot, Storage
 
 from .changes import Changes
-from .clustered import LoggedBoard, LoggedLedger, LoggedUsers, LogHead, LogRecord
 from .committer import Committer
-from .cycle import Cycle, Participant
+from .cycle import Cycle
 from .dispatch import dispatch
 from .handlers import served
-from .participants import Checkpoint, Ledger, Retiring, Users, Withdrawals
+from .lineup import line_up
 from .publisher import Feed
 from .ranked import Ranked
 from .reads import Reads
@@ -155,29 +154,9 @@ class Engine:
         self.replica = None if owners is None else Replica(self, owners.node, clock)
         if self.replica is not None:
             self.replica.route(self._methods, self.feed)
-        self.ledger = self._declare(cycle, snapshot.ledger_rows)
+        self.ledger = line_up(self, cycle, snapshot.ledger_rows)
         #: each method's handler and how many params it takes, from the method table
         self._dispatch = dispatch(self._methods)
-
-    def _declare(self, cycle: Cycle, ledger_rows: int) -> Ledger:
-        """The commit cycle's participants, in the order each step runs them: cluster mode
-        swaps in its own (``clustered``) around and for the ledger, users and the board."""
-        board, aggregates, budget, keys = self.board, self.aggregates, self.budget, self.keys
-        if self.replica is None:
-            ledger = Ledger(ledger_rows, self.rewind)
-            users: Participant = Users(self.user_rows, self.metrics)
-            held: Participant = Checkpoint(board, self.shelf, aggregates, budget, keys, self.clock)
-            head: list[Participant] = []
-            tail: list[Participant] = []
-        else:
-            ledger = LoggedLedger(ledger_rows, self.rewind)
-            users = LoggedUsers(self.metrics)
-            held = LoggedBoard(board, aggregates, budget, keys, self.clock)
-            head, tail = [LogHead(self.replica)], [LogRecord()]
-        past = Withdrawals(self.past, self.committer, ledger)
-        retiring = Retiring(self.retention, ledger)
-        cycle.declare([*head, ledger, users, held, past, retiring, self.feed, *tail])
-        return ledger
 
     @property
     def signals(self) -> int:
