@@ -39,28 +39,10 @@ def part_rows(
     old = horizons(now_ns)
     lines: dict[tuple[int, int], tuple[list[int], list[int], list[float]]] = {}
     for tally in changed.dirty:  # what they gained in their newest buckets
-        if tally.minute > old[0] and (
-            tally.minute_count != tally.minute_count_written
-            or tally.minute_weight != tally.minute_weight_written
-        ):
-            _line(
-                lines,
-                (0, tally.minute),
-                tally.id,
-                tally.minute_count - tally.minute_count_written,
-                tally.minute_weight - tally.minute_weight_written,
-            )
-        if tally.hour > old[1] and (
-            tally.hour_count != tally.hour_count_written
-            or tally.hour_weight != tally.hour_weight_written
-        ):
-            _line(
-                lines,
-                (1, tally.hour),
-                tally.id,
-                tally.hour_count - tally.hour_count_written,
-                tally.hour_weight - tally.hour_weight_written,
-            )
+        for tier in (0, 1):
+            b, count, weight = tally.unwritten(tier)
+            if b > old[tier] and (count or weight):
+                _line(lines, (tier, b), tally.id, count, weight)
     for tier, b in changed.touched:  # the logs' lines not on disk
         log = board.buckets[tier].get(b)
         if log is None or b <= old[tier]:

@@ -98,6 +98,15 @@ class Tally:
             return self.count_30d, self.weight_30d
         return self.count, self.weight
 
+    def unwritten(self, tier: int) -> tuple[int, int, float]:
+        """Its newest minute's bucket (``tier`` 0) or hour's (1), and what it gained there
+        that no checkpoint has written yet."""
+        if tier == 0:
+            count = self.minute_count - self.minute_count_written
+            return self.minute, count, self.minute_weight - self.minute_weight_written
+        count = self.hour_count - self.hour_count_written
+        return self.hour, count, self.hour_weight - self.hour_weight_written
+
     def shift(self, i: int, count: int, weight: float) -> None:
         if i == 0:
             self.count_1h += count
