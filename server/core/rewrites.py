@@ -15,7 +15,7 @@ place the rule lives.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 #: rows per commit, by default: 64 scattered rows rewrite in a few ms here (256: about 10)
@@ -67,10 +67,16 @@ class Rewrite:
     erase: bool
     seqs: list[int]
     last: bool
-    deleted: int = 0  # rows the writer deleted (retention may have taken some first)
-    seconds: float = 0.0  # the writer's time on it
-    keys: list[tuple[str, int]] = field(default_factory=list)  # erased: key, seq
     job: Job | None = None  # whose chunk this is
+
+
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """What the writer found rewriting a chunk: an erase's keys it deleted (key, seq), and
+    its time on it."""
+
+    keys: list[tuple[str, int]]
+    seconds: float
 
 
 class Rewrites:
@@ -117,14 +123,14 @@ class Rewrites:
         self._jobs = deque(job for job in self._jobs if job.user != user)
         self.rules.pop(user, None)
 
-    def committed(self, rewrite: Rewrite) -> Job | None:
-        """The chunk is on disk; returns its job if that is done."""
+    def committed(self, rewrite: Rewrite, seconds: float = 0.0) -> Job | None:
+        """The chunk is on disk, written in ``seconds``; returns its job if that is done."""
         job = rewrite.job
         if job is None or not self._jobs or self._jobs[0] is not job:
             return None  # dropped meanwhile (cluster mode: its partition went)
         job.done += len(rewrite.seqs)
         job.commits += 1
-        job.longest = max(job.longest, rewrite.seconds)
+        job.longest = max(job.longest, seconds)
         if job.done < len(job.seqs):
             return None
         self._jobs.popleft()

@@ -15,6 +15,7 @@ from tidal.server.core.board import Board
 from tidal.server.core.budget import Budget
 from tidal.server.core.chunks import Shelf, Written
 from tidal.server.core.keys import Keys
+from tidal.server.core.rewrites import Rewritten
 from tidal.server.core.userrows import UserRows
 from tidal.server.metrics import Metrics
 from tidal.server.storage import plans
@@ -178,12 +179,12 @@ class Withdrawals(Participant):
     def writes(self, batch: Batch) -> bool:
         return batch.rewrite is not None
 
-    def plan(self, batch: Batch, d: Dialect) -> Plan[None]:
-        yield from plans.withdrawals(d, batch)
+    def plan(self, batch: Batch, d: Dialect) -> Plan[Rewritten | None]:
+        return (yield from plans.withdrawals(d, batch))
 
-    def committed(self, batch: Batch, found: Any) -> None:
+    def committed(self, batch: Batch, found: Rewritten | None) -> None:
         self._ledger.rows -= sum(w.signals for w in batch.past if w.erase)  # gone from now on
-        self._past.committed(batch)
+        self._past.committed(batch, found)
 
     def failed(self, batch: Batch, later: Batch, unknown: bool) -> None:
         self._past.failed((batch, later), unknown)

@@ -33,7 +33,7 @@ from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
 from tidal.server.core.past import ERASE, PURGE, Event, Withdrawal
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Refusal, Replier
-from tidal.server.core.rewrites import Rewrite, Rewrites, Rule
+from tidal.server.core.rewrites import Rewrite, Rewrites, Rewritten, Rule
 from tidal.server.core.timeline import Timeline
 from tidal.server.core.userrows import UserRows
 from tidal.server.errors import StorageFailure
@@ -171,8 +171,9 @@ class Past:
 
     # -- around each commit (called by the engine) -----------------------------
 
-    def committed(self, batch: Batch) -> None:
-        """``batch`` is durable: its withdrawals have taken effect, its chunk is rewritten."""
+    def committed(self, batch: Batch, rewritten: Rewritten | None) -> None:
+        """``batch`` is durable: its withdrawals have taken effect, its chunk is rewritten
+        (``rewritten``: what the writer found rewriting it)."""
         for w in batch.past:
             _withdrawals(w.erase, logging.INFO, "%s", w)
             if w.seqs:
@@ -183,14 +184,14 @@ class Past:
                 # forgotten until its last chunk (``rewrite.last``)
                 self._keys.erased(w.user_id, w.before_seq)
         rewrite = batch.rewrite
-        if rewrite is not None:
-            self._keys.forget(rewrite.keys)
+        if rewrite is not None and rewritten is not None:
+            self._keys.forget(rewritten.keys)
             if rewrite.erase:
                 self._user_rows.deleted(rewrite.seqs)  # the blocks blanked in its commit
             if rewrite.last:
                 erased = self.rewrites.rule(rewrite.user).erase_before
                 self._keys.erased(rewrite.user, erased)
-            job = self.rewrites.committed(rewrite)
+            job = self.rewrites.committed(rewrite, rewritten.seconds)
             if job is not None and job.seqs:
                 log.info(
                     "user %d: %d rows %s in %d commits, the longest %.1f ms",

@@ -10,7 +10,7 @@ from typing import Final
 
 from tidal.server.core import past, userrows
 from tidal.server.core.batch import Batch
-from tidal.server.core.rewrites import Rewrite, Rule
+from tidal.server.core.rewrites import Rewrite, Rewritten, Rule
 
 from . import buckets
 from .sqlbulk import (
@@ -166,16 +166,18 @@ def _withdraw(d: Dialect, w: past.Withdrawal, survey: past.Survey, blocks: list[
     w.seconds = time.perf_counter() - began
 
 
-def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
+def rewrite(d: Dialect, r: Rewrite) -> Plan[Rewritten]:
     """One chunk of a withdrawal's rows rewritten: flipped (purge) or deleted, with their
-    keys and their entries in the blocks (erase); with the last, the user's rule goes."""
+    keys and their entries in the blocks (erase); with the last, the user's rule goes.
+    Returns the keys it deleted, and its time."""
     began = time.perf_counter()
     listed, user = d.seqs(r.seqs), to_db(r.user)
     mine = f"{d.in_seqs} AND user_id = ?"
+    found: list[tuple[str, int]] = []
     if r.seqs and r.erase:
         keys = f"DELETE FROM signal_keys WHERE {d.in_seqs} RETURNING key, seq"
-        r.keys = yield Rows(keys, (listed,))
-        r.deleted = yield Changed(f"DELETE FROM ledger WHERE {mine}", (listed, user))
+        found = yield Rows(keys, (listed,))
+        deleted = yield Changed(f"DELETE FROM ledger WHERE {mine}", (listed, user))
         # the block each row is in: the last to start at or before it (a cluster's blocks
         # are one per commit, not one per BLOCK seqs)
         containing = (
@@ -187,15 +189,15 @@ def rewrite(d: Dialect, r: Rewrite) -> Plan[None]:
             inside = [seq for seq in r.seqs if first <= seq < first + len(block) // 8]
             if inside:  # a row past the last block (in memory) is in none
                 yield Exec(PUT_BLOCK, (first, userrows.blank(block, first, inside)))
-        if r.deleted:
-            yield Exec(ADD_META, ("ledger_deleted", r.deleted))
+        if deleted:  # retention may have taken some first
+            yield Exec(ADD_META, ("ledger_deleted", deleted))
     elif r.seqs:
         yield Exec(
             f"UPDATE ledger SET forwarded = 0 WHERE {mine} AND forwarded = 1", (listed, user)
         )
     if r.last:
         yield Exec("DELETE FROM rewrites WHERE user_id = ?", (user,))
-    r.seconds = time.perf_counter() - began
+    return Rewritten(found, time.perf_counter() - began)
 
 
 def rules() -> Plan[dict[int, Rule]]:

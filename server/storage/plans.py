@@ -17,6 +17,7 @@ from tidal.server.core import ledger, past
 from tidal.server.core import log as commit_log
 from tidal.server.core.batch import Batch, Entry
 from tidal.server.core.chunks import Written
+from tidal.server.core.rewrites import Rewritten
 from tidal.server.errors import CohortsChanged, PartitionsLost
 
 from . import buckets, retention_sql
@@ -223,17 +224,19 @@ def _rows_go(batch: Batch) -> Plan[int]:
     return watermark
 
 
-def withdrawals(d: Dialect, batch: Batch) -> Plan[None]:
+def withdrawals(d: Dialect, batch: Batch) -> Plan[Rewritten | None]:
     """A chunk of rows rewritten, then the batch's purges and erasures; then the users'
-    history lines (``storage_past``)."""
+    history lines (``storage_past``). What the chunk's rewrite found, if there was one."""
+    rewritten = None
     if batch.past or batch.rewrite is not None:
         watermark = yield from _rows_go(batch)
         if batch.rewrite is not None:  # before the withdrawals: one may write its rule anew
-            yield from storage_past.rewrite(d, batch.rewrite)
+            rewritten = yield from storage_past.rewrite(d, batch.rewrite)
         yield from storage_past.withdraw(d, batch, watermark)
     if batch.history:
         lines = [(to_db(e.user_id), e.at_ns, e.event, e.signals()) for e in batch.history]
         yield Put(storage_past.HISTORY, lines)
+    return rewritten
 
 
 def retired(batch: Batch) -> Plan[int]:
