@@ -37,7 +37,7 @@ COMPILED = {
         "reload", "replies", "restore", "signals", "sums", "tallies", "windows",
     ],
     "server/engine": [
-        "changes", "committer", "delivery", "engine", "health", "ranked", "reads",
+        "changes", "committer", "delivery", "engine", "health", "ranked", "reads", "signalling",
     ],
 }  # fmt: skip
 PACKAGES = ("server", "protocol", "client", "cli", "testing")

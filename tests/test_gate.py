@@ -67,7 +67,9 @@ def test_a_refused_batch_puts_the_gate_back_as_it_was() -> None:
 def rows() -> list[PastRow]:
     """A user's rows, seq 1..4: forwarded to community "c" and cohort 9, but for seq 2,
     which was gated (the user was Left)."""
-    forwarded = bytes(ledger.context(["c"], {}, (9,)))  # as a row is read back
+    packed = ledger.context(["c"], {}, (9,))
+    assert packed is not None
+    forwarded = bytes(packed)  # as a row is read back
     return [
         (seq, "e", "view", 2.0, 0 if seq == 2 else 1, forwarded, 1_000 + seq) for seq in range(1, 5)
     ]

@@ -13,8 +13,8 @@ applies it give it the same id, and encode it to the same bytes.
 A batch of signals only (the most of them) has no record of its own: the statement that
 inserts its ledger rows puts the same columns in the log's row (``plans._LOGGED``), and a
 node applying it makes each row's contribution again, as the committing node made it
-(``engine._record``). The signal path then encodes nothing but its rows: encoding each
-contribution again, as msgpack, cost 2-3% of a cluster node's CPU per signal.
+(``engine.signalling``). The signal path then encodes nothing but its rows: encoding
+each contribution again, as msgpack, cost 2-3% of a cluster node's CPU per signal.
 """
 
 from __future__ import annotations
@@ -112,8 +112,9 @@ def signals(
     forwarded: Sequence[int],
     contexts: Sequence[bytes | None],
 ) -> list[Contribution]:
-    """Each ledger row's contribution, as ``engine._record`` made it: the ledger's aggregate,
-    and if forwarded the cohorts and communities its context records it reached."""
+    """Each ledger row's contribution, as the signal path made it (``engine.signalling``):
+    the ledger's aggregate, and if forwarded the cohorts and communities its context
+    records it reached."""
     out: list[Contribution] = []
     for entity, kind, weight, ts_ns, at_ns, fwd, context in zip(
         entities, kinds, weights, ts, ats, forwarded, contexts, strict=True
