@@ -65,7 +65,7 @@ class StorageFailure(TidalError):
 
 class PartitionsLost(TidalError):
     """Cluster mode: a transaction found partitions it writes for at another epoch than
-    the one this node took them at: another node has taken them (``plans.FENCE``)."""
+    the one this node took them at: another node has taken them (``log_sql.FENCE``)."""
 
     def __init__(self, parts: frozenset[int]) -> None:
         listed = ", ".join(map(str, sorted(parts)))

@@ -4,7 +4,7 @@ Every ``TICK`` the node reads which nodes are alive (their writers hold their ad
 locks) and who owns each partition, then:
 
 - forgets the partitions the table says another node has taken (its transactions for
-  them are refused by their epochs anyway, ``plans.FENCE``);
+  them are refused by their epochs anyway, ``log_sql.FENCE``);
 - takes partitions no live node serves, up to its fair share (``core.shares``): bumps
   their epochs, loads their users' leave state and idempotency keys, takes a new block
   of seqs, and only then serves them (meanwhile their requests get ``starting``);

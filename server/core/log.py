@@ -11,7 +11,7 @@ events of the log, counted in the same row: the node that commits it and every n
 applies it give it the same id, and encode it to the same bytes.
 
 A batch of signals only (the most of them) has no record of its own: the statement that
-inserts its ledger rows puts the same columns in the log's row (``plans._LOGGED``), and a
+inserts its ledger rows puts the same columns in the log's row (``log_sql._LOGGED``), and a
 node applying it makes each row's contribution again, as the committing node made it
 (``engine.signalling``). The signal path then encodes nothing but its rows: encoding
 each contribution again, as msgpack, cost 2-3% of a cluster node's CPU per signal.

@@ -17,7 +17,7 @@ from tidal.server.core.board import Board
 from tidal.server.core.budget import Budget
 from tidal.server.core.keys import Keys
 from tidal.server.metrics import Metrics
-from tidal.server.storage import plans
+from tidal.server.storage import log_sql, plans
 from tidal.server.storage.sqlbulk import Dialect, Plan
 
 from .cycle import Participant
@@ -27,7 +27,7 @@ from .replica import Replica
 
 class LogHead(Participant):
     """First in the transaction: the fence, and the log's head for a batch with a record
-    (``plans.log_head``). Its record, with the earlier ones it read, goes on the board
+    (``log_sql.log_head``). Its record, with the earlier ones it read, goes on the board
     before anything else takes the batch in."""
 
     def __init__(self, replica: Replica) -> None:
@@ -37,7 +37,7 @@ class LogHead(Participant):
         self._replica.prepare(batch)
 
     def plan(self, batch: Batch, d: Dialect) -> Plan[None]:
-        yield from plans.log_head(batch)
+        yield from log_sql.log_head(batch)
 
     def committed(self, batch: Batch, found: Any) -> None:
         self._replica.committed(batch)
@@ -54,7 +54,7 @@ class LogRecord(Participant):
     they take off, or a batch of signals only's rows and record with the head."""
 
     def plan(self, batch: Batch, d: Dialect) -> Plan[None]:
-        yield from plans.log_record(batch)
+        yield from log_sql.log_record(batch)
 
 
 class LoggedLedger(Ledger):

@@ -75,7 +75,7 @@ class Replica:
         """``batch``'s commit found the cohorts changed under it: its next transaction
         takes the log's head first, and holding it, which orders every change of the
         cohorts, applies the records this node has not, then matches the batch again
-        and makes its record anew (``plans.catch_up``). Nothing can change between."""
+        and makes its record anew (``log_sql._catch_up``). Nothing can change between."""
         assert batch.log is not None
 
         def caught_up(rows: list[commit_log.Row]) -> None:

@@ -176,7 +176,7 @@ AGGREGATES: Final = Bulk(
     " count = aggregates.count + excluded.count, weight = aggregates.weight + excluded.weight",
 )
 #: cluster mode: the commit log's head, the row every commit that writes the log, and every
-#: write of a block of ``ledger_users`` (``plans._LOCK_ORDER``), holds to its COMMIT
+#: write of a block of ``ledger_users`` (``log_sql._LOCK_ORDER``), holds to its COMMIT
 HEAD_LOCK: Final = "SELECT log_id FROM tidal_cluster FOR UPDATE"
 SET_META: Final = (
     "INSERT INTO meta (key, value) VALUES (?, ?)"

@@ -5,7 +5,7 @@ A node is alive while its writer's session holds its advisory lock (``lock.NODE_
 the database drops the lock the moment that session ends (the process killed, its
 network cut once the keepalives give up, or silent past ``--db-idle-timeout``), and the
 other nodes then take its partitions. Taking one bumps its epoch; every write
-transaction checks the epochs it was written under (``plans.FENCE``), so the node that
+transaction checks the epochs it was written under (``log_sql.FENCE``), so the node that
 lost a partition commits nothing more for it, whether or not it knows yet.
 """
 
