@@ -9,8 +9,21 @@ from typing import Any
 
 from tidal.server.core.batch import Batch
 from tidal.server.core.timeline import Timeline
+from tidal.server.core.userrows import BLOCK, UserRows, pack
 from tidal.server.engine.cycle import Cycle, Participant, Transaction
-from tidal.server.storage.sqlbulk import SQLITE, Begin, Commit, Dialect, Exec, Op, Plan, Rows
+from tidal.server.engine.participants import Ledger, Users
+from tidal.server.storage.past_sql import PUT_BLOCK
+from tidal.server.storage.sqlbulk import (
+    SQLITE,
+    Begin,
+    Commit,
+    Dialect,
+    Exec,
+    Many,
+    Op,
+    Plan,
+    Rows,
+)
 
 
 class Recording(Participant):
@@ -108,6 +121,23 @@ def test_what_was_found_is_kept_before_the_commit_whose_answer_may_be_lost() -> 
         op = plan.send("answer")
     plan.close()  # the runner's COMMIT raised: the plan is abandoned there
     assert found == ["a found answer"]
+
+
+def test_a_block_of_ledger_users_is_written_by_a_batch_of_reads_alone() -> None:
+    """The fault-history checker found rows no erase reached: a batch with no write but a
+    block of ``ledger_users`` that committed rows had filled cost no transaction, yet memory
+    let go of those rows as if the block were on disk."""
+    rows = UserRows(1, [7] * BLOCK)  # committed rows filled a block: not on disk yet
+    cycle = Cycle()
+    cycle.declare([Ledger(0, lambda seq: None), Users(rows, None)])
+    batch, found = Batch(BLOCK + 1), list[Any]()
+    batch.replies.append((None, 1, "a read waiting for the batch"))  # type: ignore[arg-type]
+    cycle.prepare(batch)
+    ops, wrote = ran(Transaction(cycle, batch, found))
+    assert wrote and Begin() in ops and Commit() in ops
+    assert Many(PUT_BLOCK, [(1, pack([7] * BLOCK))]) in ops
+    cycle.committed(batch, found)
+    assert rows.next_block == BLOCK + 1 and rows.tail == []
 
 
 def test_the_timeline_never_steps_back() -> None:

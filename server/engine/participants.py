@@ -37,7 +37,8 @@ class Ledger(Participant):
         self._rewind = rewind
 
     def writes(self, batch: Batch) -> bool:
-        return batch.writes > 0  # every request's write is counted here
+        # every request's write is counted here; old keys forgotten are a write of their own
+        return batch.writes > 0 or batch.forget_keys_before is not None
 
     def plan(self, batch: Batch, d: Dialect) -> Plan[None]:
         yield from plans.ledger_rows(batch)
@@ -63,6 +64,12 @@ class Users(Participant):
         self._user_rows.prepare(batch)
         for w in batch.past:  # the rows of its user not yet in a block on disk
             w.recent = self._user_rows.recent(w.user_id, w.before_seq, batch.ledger)
+
+    def writes(self, batch: Batch) -> bool:
+        """A block the committed rows filled is written even in a batch of reads alone:
+        once committed, memory lets go of its rows (``UserRows.committed``), and a block
+        let go of and never written hid its rows from every later purge and erase."""
+        return bool(batch.users_blocks)
 
     def plan(self, batch: Batch, d: Dialect) -> Plan[None]:
         yield from plans.user_state(batch)
