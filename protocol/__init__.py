@@ -2,7 +2,6 @@
 
 from .connection import DEFAULT_MAX_MESSAGE_SIZE, Connection, notification_head
 from .errors import ErrorCode, LocalProtocolError, ProtocolError, RemoteProtocolError, error_data
-from .framing import DECODING, NEED_DATA
 from .messages import (
     MSGID_MAX,
     MSGID_MIN,
@@ -15,6 +14,7 @@ from .messages import (
     Response,
 )
 from .methods import METHODS
+from .outcomes import DECODING, NEED_DATA
 
 __all__ = [
     "DECODING",

@@ -13,7 +13,7 @@ from typing import Any, TypeGuard
 import msgpack
 
 from .errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from .framing import DECODING, NEED_DATA, Framing, Unreadable, _Decoding, _NeedData
+from .framing import Framing
 from .limits import DEFAULT_MAX_MESSAGE_SIZE as DEFAULT_MAX_MESSAGE_SIZE
 from .messages import (
     MSGID_MAX,
@@ -29,6 +29,7 @@ from .messages import (
     Response,
     new_tuple,
 )
+from .outcomes import DECODING, NEED_DATA, Unreadable, _Decoding, _NeedData
 
 
 def _is_int(value: object) -> TypeGuard[int]:

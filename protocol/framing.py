@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from typing import Any, Final, NamedTuple, NoReturn
+from typing import Any, Final, NoReturn
 
 import msgpack
 
 from .errors import ErrorCode, RemoteProtocolError, bounded
 from .headers import announced
-from .messages import REQUEST
+from .outcomes import DECODING, NEED_DATA, UNHASHABLE_KEY, Unreadable, peek_msgid
 
 _HEAD_SIZE: Final = 16  # [0, msgid, ...] fits: 1 + 1 + 9 bytes at most
 #: A partial message's headers are read this far into it, where a request's envelope, its
@@ -27,42 +27,6 @@ _HEAD_SIZE: Final = 16  # [0, msgid, ...] fits: 1 + 1 + 9 bytes at most
 #: refused then, not once that many bytes have come (or never, from a sender that stops).
 _PROBE_BYTES: Final = 1024
 _PAUSE_GC_ABOVE: Final = 64 * 1024  # bytes of one message waiting to be decoded
-
-
-class _NeedData:
-    """Sentinel type: the buffer holds no complete message yet."""
-
-    def __repr__(self) -> str:
-        return "NEED_DATA"
-
-
-NEED_DATA: Final = _NeedData()
-
-
-class _Decoding:
-    """Sentinel type: part of a large message was decoded; call ``next_event`` again."""
-
-    def __repr__(self) -> str:
-        return "DECODING"
-
-
-DECODING: Final = _Decoding()
-
-
-class Unreadable(NamedTuple):
-    """A whole message that cannot be made into objects (a map key that is an array or a
-    map: Python cannot hash it). Its frame was found, so the stream goes on after it; a
-    request's msgid, when its first bytes hold one, is told why."""
-
-    msgid: int | None
-    message: str
-
-
-#: what the peer is told of a map key that cannot be one
-UNHASHABLE_KEY: Final = (
-    "a map key must be a string, bin, integer, float, boolean or nil; an array or a map"
-    " cannot be one"
-)
 
 
 class Framing:
@@ -159,7 +123,7 @@ class Framing:
                 self._too_large(self.offset)
             self._malformed(exc, self.offset)
         except TypeError:  # a map key Python cannot hash: the frame is whole, go on after it
-            msgid = _peek_msgid(self._head(self.offset))
+            msgid = peek_msgid(self._head(self.offset))
             ends.popleft()
             self.offset = self._given = end
             self._unpacker = self._decoder()  # the old one's state is undefined now
@@ -293,34 +257,17 @@ class Framing:
         raise RemoteProtocolError(
             f"message too large{why}: the limit is {self.max_message_size} bytes",
             ErrorCode.TOO_LARGE,
-            _peek_msgid(self._head(start)),
+            peek_msgid(self._head(start)),
         )
 
     def _malformed(self, exc: Exception, start: int) -> NoReturn:
         raise RemoteProtocolError(
             f"malformed MessagePack: {bounded(repr(exc))}",
             ErrorCode.PARSE_ERROR,
-            _peek_msgid(self._head(start)),
+            peek_msgid(self._head(start)),
         )
 
     def clear(self) -> None:
         """Drop what is buffered: the stream broke, and nothing more is read from it."""
         self._input.clear()
         self._pieces.clear()
-
-
-def _peek_msgid(head: bytes) -> int | None:
-    """The msgid of a request from the first bytes of its encoding, if they hold it.
-
-    Used when a message is too large to buffer: its header is all we have, and
-    it is enough to tell the sender which request was refused.
-    """
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(head) or 1)
-    unpacker.feed(head)
-    try:
-        if unpacker.read_array_header() != 4 or unpacker.unpack() != REQUEST:
-            return None
-        msgid = unpacker.unpack()
-    except Exception:
-        return None
-    return msgid if type(msgid) is int else None  # bool is no msgid

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from tidal.protocol import read_schemas as r
 from tidal.protocol import schemas as s
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
 from tidal.protocol.methods import BY_NAME, Method
@@ -41,7 +42,7 @@ def _user_or_nil(value: object, where: str) -> int | None:
 #: each shape's rule, by the shape's schema object
 RULES: Final[dict[int, Rule]] = {
     id(s.USER_ID): params.user_id,
-    id(s.AFTER_USER): _user_or_nil,
+    id(r.AFTER_USER): _user_or_nil,
     id(s.ENTITY): _text(ENTITY_MAX_BYTES),
     id(s.KIND): _text(KIND_MAX_BYTES),
     id(s.NAME): _text(NAME_MAX_BYTES),
@@ -49,8 +50,8 @@ RULES: Final[dict[int, Rule]] = {
     id(s.PREDICATE): lambda value, where: params.predicate(value),
     id(s.LEAVE_OPTIONS): lambda value, where: params.leave_options(value),
     id(s.SUBSCRIBE_OPTIONS): lambda value, where: params.subscribe_options(value),
-    id(s.LAYER): params.layer,
-    id(s.CATALOG_PAGE): lambda value, where: params.catalog_page(value),
+    id(r.LAYER): params.layer,
+    id(r.CATALOG_PAGE): lambda value, where: params.catalog_page(value),
 }
 #: the methods whose handlers read their params as sent: the hot path's, ``top``'s (one
 #: rule for all four, ``ranking.top_request``: the name's depends on the layer), and the
