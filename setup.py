@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent
 #: Kept interpreted: storage and the modules tests reach into (their constants are
 #: patched, which compiled code would not see), app, and everything off the hot path.
 COMPILED = {
-    "protocol": ["framing", "connection", "headers", "messages", "partitions"],
+    "protocol": ["framing", "connection", "headers", "messages", "outcomes", "partitions"],
     "server/net": ["connection", "flow", "outgoing"],
     "server/core": [
         "aggregates", "asks", "batch", "board", "budget", "chunks", "cohorts", "counts", "keys",

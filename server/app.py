@@ -17,7 +17,6 @@ import gc
 import logging
 import socket
 import ssl
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,10 +31,11 @@ from tidal.server.storage.backends import open_storage
 from tidal.server.storage.interface import Storage, is_url
 from tidal.server.storage.sqlite.dblock import DatabaseLock
 
-from . import host
+from . import host, validity
 from .config import Config, redact
 from .errors import ProtectedMode, StartupError
 from .metrics import Metrics
+from .starting import build_engine, loaded
 
 if TYPE_CHECKING:
     from tidal.server.cluster import Node
@@ -87,7 +87,7 @@ class Server:
         and every request that needs state gets error 2 until the load is done.
         """
         config = self.config
-        config.check()
+        validity.check(config)
         log.debug("%r", config)  # the token shows as ***
         if not (config.token or config.insecure or is_loopback(config.host)):
             raise ProtectedMode(
@@ -186,45 +186,14 @@ class Server:
                 self._clock(),
             )
         read = time.perf_counter()
-        engine = Engine(
-            self._storage,
-            snapshot,
-            metrics=self.metrics,
-            clock=self._clock,
-            connections=lambda: len(self.connections),
-            checkpoint_signals=config.checkpoint_signals,
-            checkpoint_seconds=config.checkpoint_seconds,
-            key_window_ns=window_ns,
-            max_keys=config.idempotency_max_keys,
-            hold=self.state.hold,
-            max_reply=config.max_message_size,
-            ledger_retention=config.ledger_retention,
-            event_retention=config.event_retention,
-            heartbeat=config.feed_heartbeat,
-            rewrite_chunk=config.rewrite_chunk,
+        engine = build_engine(
+            config, self._storage, snapshot, metrics=self.metrics, clock=self._clock,
+            connections=lambda: len(self.connections), hold=self.state.hold,
             owners=None if self._node is None else self._node.owners,
-            memory_budget=(host.budget_bytes(config.memory_budget), config.memory_budget),
-        )
+        )  # fmt: skip
         host.settle_gc()
         done = time.perf_counter()
-        log.info(
-            "loaded %s in %.3fs (%.3fs reading it, %.3fs building memory): %d leave records,"
-            " %d cohorts, next seq %d, %d ledger rows replayed past the aggregates checkpoint,"
-            " %d aggregates ranked (%s; the memory budget: %s)",
-            self._storage.location,
-            done - began,
-            read - began,
-            done - read,
-            len(snapshot.left) + len(snapshot.rejoined),
-            len(snapshot.cohorts),
-            snapshot.next_seq,
-            len(snapshot.ledger_tail),
-            engine.board.tallies,
-            f"{engine.budget.used() / 2**20:.1f} MiB",
-            "none"
-            if engine.budget.limit == sys.maxsize
-            else f"{engine.budget.limit / 2**20:.1f} MiB",
-        )
+        loaded(self._storage, snapshot, engine, (done - began, read - began, done - read))
         return engine
 
     def _serve_metrics(self, metrics: Metrics) -> None:

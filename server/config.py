@@ -8,7 +8,6 @@ flags from this declaration, and the README's table is checked against it.
 
 from __future__ import annotations
 
-import re
 import urllib.parse
 from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
@@ -20,8 +19,6 @@ from tidal.server.core.aggregates import CHECKPOINT_SECONDS, CHECKPOINT_SIGNALS
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.windows import parse_half_life
 
-from .errors import BadSettings
-from .host import parse_size
 from .kinds import DAY, MAX_SECONDS, Range, duration
 
 __all__ = ["Config", "duration", "env", "flag", "half_lives", "redact"]
@@ -31,7 +28,6 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 MAX_HALF_LIVES: Final = 8
-_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: a duration that must be above 0: at least a millisecond, at most a day
 _SOME: Final = Range(0, DAY, above=True)
 #: the largest message a connection may take or send: msgpack's own lengths are 32-bit
@@ -51,7 +47,7 @@ def _setting(
     "size" (``host.parse_size``), "port", "address", "path"; "switch" (a flag without a
     value; the variable is set to anything but "" or "0"); "secret" (given by the token
     options, never echoed); "" (text). ``bounds``: the range a count or duration must be
-    in, which ``Config.check`` holds whatever gave the value."""
+    in, which ``validity.check`` holds whatever gave the value."""
     metadata = {"help": text, "kind": kind, "choices": choices, "bounds": bounds}
     return field(default=default, metadata=metadata)
 
@@ -249,75 +245,6 @@ class Config:
         choices=LEVELS,
     )
     log_format: str = _setting("text", "json: one object per line", choices=("text", "json"))
-
-    def check(self) -> None:
-        """Refuse settings that could only fail later, on some connection."""
-        rules = [
-            *self._bounds(),
-            (
-                bool(self.host and self.host.strip()),
-                "host: an address to listen on (0.0.0.0: every interface); an empty one is"
-                " not taken to mean every interface",
-            ),
-            (bool(self.db and self.db.strip()), "db: a SQLite file's path or a postgresql:// URL"),
-            (
-                not self.standby or self.db.startswith(("postgresql://", "postgres://")),
-                "standby: needs a PostgreSQL --db (a SQLite file is served by one process on"
-                " one machine: there is nothing for a standby to take over)",
-            ),
-            *self._cluster_rules(),
-        ]
-        try:
-            self.half_lives()
-        except ValueError as exc:
-            rules.append((False, f"trend_half_lives: {exc}"))
-        try:
-            parse_size(self.memory_budget)
-        except ValueError as exc:
-            rules.append((False, f"memory_budget: {exc}"))
-        for f in fields(self):
-            choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
-                rules.append((False, f"{f.name}: one of {', '.join(choices)}"))
-        broken = [rule for ok, rule in rules if not ok]
-        if broken:
-            raise BadSettings("invalid settings: " + "; ".join(broken))
-
-    def _bounds(self) -> list[tuple[bool, str]]:
-        """Each count and duration within its range (one place for all of them: a Config
-        built in code is held to the same ranges as the flags)."""
-        rules = []
-        for f in fields(self):
-            bounds, value = f.metadata["bounds"], getattr(self, f.name)
-            if bounds is not None and not (isinstance(value, (int, float)) and bounds.holds(value)):
-                unit = "s" if f.metadata["kind"] == "duration" else ""
-                rules.append((False, f"{f.name}: must be {bounds.words(unit)}, got {value!r}"))
-        return rules
-
-    def _cluster_rules(self) -> list[tuple[bool, str]]:
-        if self.cluster is None:
-            return []
-        address = self.advertise or ""
-        host, _, port = address.rpartition(":")
-        return [
-            (
-                self.db.startswith(("postgresql://", "postgres://")),
-                "cluster: needs a PostgreSQL --db (the nodes share it)",
-            ),
-            (
-                bool(_NAME.fullmatch(self.cluster)),
-                "cluster: 1 to 64 letters, digits, '.', '_' or '-'",
-            ),
-            (
-                bool(host) and port.isdigit() and 1 <= int(port) <= 65535,
-                f"advertise: host:port where clients reach this node, got {address!r}",
-            ),
-            (
-                1 <= self.partitions <= MAX_PARTITIONS,
-                f"partitions: 1 to {MAX_PARTITIONS}",
-            ),
-            (not self.standby, "cluster: a node needs no --standby (the others take over)"),
-        ]
 
     def half_lives(self) -> list[int]:
         """``trend_half_lives`` in seconds, each once, in the order given."""

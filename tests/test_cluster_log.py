@@ -1,7 +1,7 @@
 """Cluster mode for the long run: the commit log is pruned below each node's checkpoint of
 its board, and a node boots from the newest checkpoint, replaying only the log past it
 (issue 40's item 8). Real nodes in this process on a real PostgreSQL; the checkpoint
-interval is made small (``cluster.CHECKPOINT_RECORDS``) so that a test's history spans
+interval is made small (``cluster.upkeep.CHECKPOINT_RECORDS``) so that a test's history spans
 many of them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from tidal.client import Client, ClusterClient
 from tidal.server.app import Server
-from tidal.server.cluster import node as cluster
+from tidal.server.cluster import upkeep
 from tidal.server.config import Config
 from tidal.testing.postgres import free_port
 
@@ -84,7 +84,7 @@ async def exact(database: Database, server: Server) -> None:
 async def test_the_log_is_pruned_below_checkpoints_and_a_node_boots_from_one(
     database: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(cluster, "CHECKPOINT_RECORDS", EVERY)
+    monkeypatch.setattr(upkeep, "CHECKPOINT_RECORDS", EVERY)
     caplog.set_level(logging.INFO, logger="tidal.cluster")
     ports = [free_port(), free_port()]
     servers = [node(database, port) for port in ports]
@@ -180,7 +180,7 @@ async def test_ledger_retention_in_cluster_mode_retires_every_node_s_old_rows(
     left empty; the board keeps counting them, as one tidal's does, and a purge reaches
     only what is kept (issue 40: refused at start in cluster mode). Blocks stay one per
     commit here (none merged), so that the old rows' blocks hold no young row."""
-    monkeypatch.setattr(cluster, "MERGE_HEADS", 0)
+    monkeypatch.setattr(upkeep, "MERGE_HEADS", 0)
     now = [1_700_000_000 * 10**9]
     day = 86_400 * 10**9
     ports = [free_port(), free_port()]

@@ -16,7 +16,7 @@ import pytest
 
 from tidal.client import Client, ConnectionLost, Unauthorized
 from tidal.protocol import ErrorCode
-from tidal.server import Config, ProtectedMode, Server
+from tidal.server import Config, ProtectedMode, Server, validity
 from tidal.server.errors import BadSettings
 
 from .conftest import ServerProcess
@@ -274,7 +274,7 @@ def test_settings_that_cannot_work_stop_the_start(tmp_path: Path) -> None:
     assert "argument --max-message-size: must be 67584 to 1073741824, got 10" in done.stderr
     # a Config made in code is held to the same ranges, every broken one named at once
     with pytest.raises(BadSettings) as refused:
-        Config(port=0, max_message_size=10, idle_timeout=0, backlog=2**40).check()
+        validity.check(Config(port=0, max_message_size=10, idle_timeout=0, backlog=2**40))
     for said in (
         "max_message_size: must be 67584 to 1073741824, got 10",
         "idle_timeout: must be more than 0s and at most 86400s, got 0",

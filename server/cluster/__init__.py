@@ -1,5 +1,7 @@
 """Cluster mode's room: a node's tick, which takes and hands over partitions (``node``),
-and its reading of the commit log as the other nodes write it (``follow``).
+its upkeep of the shared tables after each tick (``upkeep``: checkpoints, pruning,
+merging blocks), and its reading of the commit log as the other nodes write it
+(``follow``).
 
 The rest of cluster mode lives in the layers it belongs to, imports going down as
 everywhere: the board and cohorts applied from the log (``engine.replica``), the

@@ -30,31 +30,25 @@ from typing import Final
 import asyncpg
 
 from tidal.server.config import Config
-from tidal.server.core import shares, snapshot
+from tidal.server.core import shares
 from tidal.server.core.owners import Owners
 from tidal.server.core.snapshot import rows as snapshot_rows
 from tidal.server.engine.engine import Engine
 from tidal.server.logs import Throttle
 from tidal.server.storage.interface import Snapshot, Storage
-from tidal.server.storage.postgres import blocks
 from tidal.server.storage.postgres import pg_cluster as tables
 from tidal.server.storage.postgres.lock import AdvisoryLock
 from tidal.server.storage.postgres.pg_storage import PgStorage
 from tidal.server.storage.postgres.session import close_quietly
 
 from .follow import Follower
+from .upkeep import Upkeep
 
 log = logging.getLogger("tidal.cluster")
 _trouble = Throttle(log)
 
 #: seconds between two reads of the partition table, at most
 TICK: Final = 0.5
-#: log records past the newest checkpoint after which a node writes one of its own, and
-#: the log below it is pruned: what a boot replays, and what the log holds, at most
-CHECKPOINT_RECORDS: Final = 500
-#: blocks of ``ledger_users`` a tick looks at to merge (``blocks.merge``): more than
-#: the commits of a tick, so that merging keeps up
-MERGE_HEADS: Final = 512
 #: ... and past a read, how long what it confirmed holds: under the time another node
 #: needs to take a partition over (this node's writer session ended: silent past
 #: --db-idle-timeout, its probe coming every quarter of it, or cut off, about 4 s with the
@@ -75,8 +69,7 @@ class Node:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()  # a tick now: stopping, or a checkpoint due
-        self._checkpointed = 0.0  # when this node last wrote one (time.monotonic)
-        self._merged_after = 0  # where the next merge of blocks goes on (``_merge_blocks``)
+        self._upkeep: Upkeep | None = None
         self._lease = min(config.db_idle_timeout * LEASE_SHARE, LEASE_MAX)
         self._tick_every = min(TICK, self._lease / 3)
         self.first_seq = 0  # where this run's seqs start: a block of its own
@@ -87,7 +80,7 @@ class Node:
     @classmethod
     async def join(cls, storage: Storage, config: Config) -> Node:
         """Name this node in the cluster's tables (made by its first node)."""
-        assert config.cluster is not None and config.advertise is not None  # Config.check
+        assert config.cluster is not None and config.advertise is not None  # validity.check
         assert isinstance(storage, PgStorage)  # ... and PostgreSQL
         conn = await storage.connect()
         try:
@@ -137,6 +130,7 @@ class Node:
         log.info("replayed %d commit log records in %.3fs", count, time.perf_counter() - began)
         self._engine = engine
         self._clock = clock
+        self._upkeep = Upkeep(self.owners, engine, self._config, clock)
         engine.committer.lost = self._lost
         engine.replica.gap = self._gap
         engine.replica.due = self._wake.set
@@ -186,8 +180,9 @@ class Node:
                     self._conn = None
             else:  # after the tick, apart: a failed checkpoint never costs the lease
                 try:
-                    await self._keep_log()
-                    await self._merge_blocks()
+                    assert self._upkeep is not None and self._conn is not None
+                    await self._upkeep.keep_log(self._conn)
+                    await self._upkeep.merge_blocks(self._conn)
                 except Exception as exc:
                     _trouble("log", logging.WARNING, "cluster: checkpointing the board failed: %s",
                              exc)  # fmt: skip
@@ -216,47 +211,6 @@ class Node:
             await self._release(conn, {p: rows[p][1] for p in release})
         if take:
             await self._take(conn, take)
-
-    async def _keep_log(self) -> None:
-        """How far this node has applied the log, for the others to know; and once the
-        newest checkpoint is ``CHECKPOINT_RECORDS`` behind it, one of its own board, and
-        the log no node needs any more pruned."""
-        engine, conn = self._engine, self._conn
-        assert engine is not None and engine.replica is not None and conn is not None
-        replica = engine.replica
-        await tables.publish(conn, self.owners.node, replica.applied)
-        newest = await tables.newest_checkpoint(conn)
-        replica.checkpoint_at = newest + CHECKPOINT_RECORDS  # a tick then, not in 0.5 s
-        if replica.applied < replica.checkpoint_at:
-            return
-        if time.monotonic() - self._checkpointed < self._config.checkpoint_seconds:
-            # the board is packed whole, on the loop: at most this often per node
-            replica.checkpoint_at = replica.applied + CHECKPOINT_RECORDS
-            return
-        self._checkpointed = time.monotonic()
-        began = time.perf_counter()
-        applied, now = replica.applied, self._clock()
-        engine.board.advance(now)
-        board = snapshot.pack(engine.board, engine.shelf, now)  # as of ``applied``, at once
-        packed = time.perf_counter() - began
-        replica.checkpoint_at = applied + CHECKPOINT_RECORDS
-        pruned = await tables.checkpoint(conn, self.owners.node, applied, now, board)
-        log.info(
-            "checkpoint of the board to log record %d: %d bytes (packed in %.3fs, written in"
-            " %.3fs); %d log records pruned",
-            applied, len(board), packed, time.perf_counter() - began - packed, pruned,
-        )  # fmt: skip
-
-    async def _merge_blocks(self) -> None:
-        """The node serving partition 0 merges the blocks of ``ledger_users`` that commits
-        wrote, ``MERGE_HEADS`` a tick, going round: one node, so that merges never wait on
-        each other, and a few milliseconds at most of the log head's lock, which every
-        node's commits wait on meanwhile."""
-        if 0 not in self.owners.owned or self._conn is None:
-            return
-        self._merged_after, merged = await blocks.merge(self._conn, self._merged_after, MERGE_HEADS)
-        if merged:
-            log.debug("cluster: %d blocks of ledger_users merged", merged)
 
     async def _take(self, conn: asyncpg.Connection, parts: list[int]) -> None:
         owners, engine, config = self.owners, self._engine, self._config

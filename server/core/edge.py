@@ -25,7 +25,7 @@ from tidal.protocol import schemas as s
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
 from tidal.protocol.methods import BY_NAME, Method
 
-from . import params
+from . import pages, params
 
 #: a param's rule: its value as sent and its name, to its parsed value (or InvalidParams)
 Rule = Callable[[Any, str], Any]
@@ -50,8 +50,8 @@ RULES: Final[dict[int, Rule]] = {
     id(s.PREDICATE): lambda value, where: params.predicate(value),
     id(s.LEAVE_OPTIONS): lambda value, where: params.leave_options(value),
     id(s.SUBSCRIBE_OPTIONS): lambda value, where: params.subscribe_options(value),
-    id(r.LAYER): params.layer,
-    id(r.CATALOG_PAGE): lambda value, where: params.catalog_page(value),
+    id(r.LAYER): pages.layer,
+    id(r.CATALOG_PAGE): lambda value, where: pages.catalog_page(value),
 }
 #: the methods whose handlers read their params as sent: the hot path's, ``top``'s (one
 #: rule for all four, ``ranking.top_request``: the name's depends on the layer), and the

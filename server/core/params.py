@@ -18,7 +18,6 @@ from tidal.protocol.errors import quoted
 from tidal.protocol.limits import (
     ATTR_VALUE_MAX_BYTES,
     FEED_EVENTS,
-    KIND_MAX_BYTES,
     MAX_ATTRS,
     MAX_PREDICATE_BYTES,
     MAX_PREDICATE_TERMS,
@@ -29,7 +28,6 @@ from tidal.protocol.limits import (
 )
 from tidal.protocol.methods import BY_NAME
 from tidal.protocol.refusals import InvalidParams
-from tidal.protocol.schemas import LAYERS
 
 T = TypeVar("T")
 
@@ -241,56 +239,6 @@ def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]
                     )
             names = frozenset(listed)
     return after, names
-
-
-#: where a page of ``counts`` starts: after this aggregate (layer, key, kind)
-Cursor: TypeAlias = tuple[int, int | str, str]
-
-
-def page(value: object, method: str, keys: tuple[str, ...], most: int) -> dict[str, Any]:
-    """A page request ``{"after": ..., "limit": n}``: the keys it holds, checked for shape
-    here and for meaning by the method."""
-    out = options(value, "page", method, keys)
-    limit = out.get("limit")
-    if "limit" in out and (type(limit) is not int or not 1 <= limit <= most):
-        raise InvalidParams(f"page.limit: must be an integer in 1..{most}")
-    return out
-
-
-def layer(value: object, where: str) -> int:
-    """A layer by name ("ledger", "cohort", "community"): its number."""
-    value = string(value)
-    if type(value) is not str or value not in LAYERS:
-        raise InvalidParams(
-            f"{where}: must be 'ledger', 'cohort' or 'community', got {describe(value)}"
-        )
-    return LAYERS.index(value)
-
-
-def catalog_page(value: object) -> tuple[str | None, int]:
-    """``catalog``'s page: (after, limit), limit 1..1000, 100 when not given."""
-    page = options(value, "page", "catalog", ("after", "limit"))
-    limit = page.get("limit", 100)
-    if type(limit) is not int or not 1 <= limit <= 1000:
-        raise InvalidParams(f"page.limit: must be an integer in 1..1000, got {describe(limit)}")
-    after = page.get("after")
-    return (None if after is None else text(after, "page.after", NAME_MAX_BYTES)), limit
-
-
-def cursor(value: object) -> Cursor:
-    """The ``more`` of a previous ``counts`` reply, given back."""
-    where = "page.after"
-    if type(value) is not list or len(value) != 3 or type(value[0]) is not int:
-        raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
-    if value[0] not in (0, 1, 2):
-        raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
-    layer, key, kind = value
-    if layer == 1:
-        if type(key) is not int or not 0 <= key < 2**63:  # a cohort id
-            raise InvalidParams(f"{where}: must be the 'more' of a previous counts reply")
-    else:
-        key = text(key, f"{where}[1]", NAME_MAX_BYTES) if key != "" else ""
-    return (layer, key, text(kind, f"{where}[2]", KIND_MAX_BYTES))
 
 
 def describe(value: object) -> str:

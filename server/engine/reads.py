@@ -30,7 +30,7 @@ from tidal.protocol.limits import (
 )
 from tidal.protocol.partitions import HASH
 from tidal.protocol.refusals import ServerError
-from tidal.server.core import orders, params, ranking
+from tidal.server.core import orders, pages, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
 from tidal.server.core.replies import Replier
 from tidal.server.errors import StorageFailure
@@ -75,7 +75,7 @@ class Reads:
 
     def cohorts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         if args[0] is not None:
-            page = params.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
+            page = pages.page(args[0], "cohorts", ("after", "limit"), MAX_COHORTS)
             after = page.get("after")
             if after is not None:
                 after = params.text(after, "page.after", NAME_MAX_BYTES)
@@ -90,8 +90,8 @@ class Reads:
     def counts(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         entity: str = args[0]
         most = self._engine.reply_budget // SLOT_REPLY_BYTES
-        page = params.page(args[1], "counts", ("after", "limit", "window"), most)
-        after = params.cursor(page["after"]) if page.get("after") is not None else None
+        page = pages.page(args[1], "counts", ("after", "limit", "window"), most)
+        after = pages.cursor(page["after"]) if page.get("after") is not None else None
         window = ranking.window_option(page["window"]) if "window" in page else -1
         limit = page.get("limit", most)
         self._ranked.board_counts(conn, msgid, entity, window, after, limit)  # from the board
