@@ -34,10 +34,11 @@ COMPILED = {
     "server/core": [
         "aggregates", "asks", "batch", "board", "budget", "chunks", "cohorts", "counts", "keys",
         "ledger", "matching", "members", "orders", "owners", "params", "parts", "past", "ranking",
-        "reload", "replies", "restore", "signals", "sums", "tallies", "windows",
+        "reload", "replies", "restore", "signals", "sliding", "sums", "tallies", "windows",
     ],
     "server/engine": [
-        "changes", "committer", "delivery", "engine", "health", "ranked", "reads", "signalling",
+        "changes", "committer", "delivery", "engine", "health", "outage", "ranked", "reads",
+        "signalling",
     ],
 }  # fmt: skip
 PACKAGES = ("server", "protocol", "client", "cli", "testing")

@@ -245,7 +245,7 @@ class Server:
             except TimeoutError:
                 self.unclean = f"pending commits did not finish in {self.config.shutdown_timeout}s"
             committer = self._engine.committer
-            failed = committer.failed_for_good or committer.last_failed
+            failed = committer.outage.failed_for_good or committer.outage.last_failed
             if self.unclean is None and failed:
                 self.unclean = f"the last commit failed ({failed})"
             if self.unclean is not None:
@@ -279,7 +279,7 @@ class Server:
                     await starting
             else:
                 await starting  # raises what stopped it
-                deposed = self.engine.committer.deposed
+                deposed = self.engine.committer.outage.deposed
                 assert deposed is not None  # the engine has started
                 await asyncio.wait((stopping, deposed), return_when=asyncio.FIRST_COMPLETED)
         finally:

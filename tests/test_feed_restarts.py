@@ -162,13 +162,13 @@ async def test_retention_and_a_from_too_old(database: Database) -> None:
         async with await Client.connect(*server.address) as c:
             for user in range(1, 6):
                 await c.leave(user)
-            feed = server.engine.feed
-            feed.caught_up.clear()
+            retention = server.engine.event_retention
+            retention.caught_up.clear()
             clock.offset += 20 * 10**9  # those five are now old
             for user in range(6, 9):
                 await c.leave(user)
-            await asyncio.wait_for(feed.caught_up.wait(), 10)
-            assert feed.retired == 5
+            await asyncio.wait_for(retention.caught_up.wait(), 10)
+            assert retention.retired == 5
             peer = await RawPeer.open(server.address)
             refused = await peer.call("subscribe", {"from": 2})
             assert refused[2][0] == -32602, refused
@@ -179,9 +179,9 @@ async def test_retention_and_a_from_too_old(database: Database) -> None:
                     pass
             assert gap.value.oldest == 6
             assert [e["id"] for e in await replay(server.address[1], 5)] == [6, 7, 8]
-            feed.caught_up.clear()
+            retention.caught_up.clear()
             clock.offset += 20 * 10**9  # now all of them
-            await asyncio.wait_for(feed.caught_up.wait(), 10)
+            await asyncio.wait_for(retention.caught_up.wait(), 10)
     finally:
         await server.shutdown()
     server = Server(config, clock=clock)  # every event deleted: ids still go on
@@ -223,12 +223,15 @@ async def test_a_replay_whose_reader_stops_is_closed_and_retention_goes_on(
                 raise AssertionError("the stalled replay was never closed in 30 s")
             clock.offset += 20 * 10**9  # every event is old now
             await c.leave(60_001)
+            retention = server.engine.event_retention
             for _ in range(30):  # retention passes, each awaited (a pass that took its
-                feed.caught_up.clear()  # cutoff before the clock moved retires nothing)
-                await asyncio.wait_for(feed.caught_up.wait(), 10)
-                if feed.retired == 60_000:
+                retention.caught_up.clear()  # cutoff before the clock moved retires nothing)
+                await asyncio.wait_for(retention.caught_up.wait(), 10)
+                if retention.retired == 60_000:
                     break
-            assert feed.retired == 60_000, "retention still held back at the replay's position"
+            assert retention.retired == 60_000, (
+                "retention still held back at the replay's position"
+            )
 
         def read_all() -> list[Any]:
             stuck.settimeout(10)

@@ -156,7 +156,7 @@ class Node:
         the others checkpointed and pruned it. It cannot catch up by the log: it stops, and
         a restart boots it from the newest checkpoint."""
         assert self._engine is not None
-        deposed = self._engine.committer.deposed
+        deposed = self._engine.committer.outage.deposed
         if deposed is not None and not deposed.done():
             deposed.set_result(
                 f"cluster: this node had applied the commit log to {applied}, and the next"

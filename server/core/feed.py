@@ -11,7 +11,7 @@ purge's count is known only there); those bytes are the row, the push and the re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import msgpack
 
@@ -66,11 +66,15 @@ class Change:
         return (self.id, self.at_ns, self.kind, self.data)
 
 
+#: a row of the events table as a replay reads it: id, kind, data
+EventRow: TypeAlias = tuple[int, int, bytes]
+
+
 @dataclass(slots=True, eq=False)
 class FeedRead:
     """A page of the events table, read by the writer before its batch's writes: every
     event committed before that batch, past ``after``."""
 
     after: int
-    rows: list[tuple[int, int, bytes]] = field(default_factory=list)  # id, kind, data
+    rows: list[EventRow] = field(default_factory=list)
     oldest: int | None = None  # the oldest event kept, None if none is

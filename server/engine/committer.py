@@ -17,23 +17,18 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tidal.protocol import ErrorCode
-from tidal.protocol.refusals import Unavailable
 from tidal.server.core.batch import Batch
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
 from tidal.server.errors import CommitUnknown, StorageFailure
-from tidal.server.logs import Throttle
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Storage
 
 from .cycle import Cycle, Transaction
 from .delivery import deliver, refusal, refuse
+from .outage import Outage, refusals
 from .room import ReplyRoom
 
 log = logging.getLogger("tidal.engine")
-#: a refused commit, a line per cause at most every 10 s (a database away for a minute,
-#: with clients retrying, refuses thousands of batches)
-_refusals = Throttle(log)
-
 #: An open batch this large stops every connection until the writer takes it: what waits
 #: for a commit (rows, tallies, replies) stays bounded, and so does the commit's length.
 OPEN_SIGNALS: Final = 50_000
@@ -73,18 +68,13 @@ class Committer:
         self.open = Batch(next_seq())
         self.inflight: Batch | None = None
         self._began = 0.0  # when the writer took ``inflight`` (time.monotonic)
-        self.failed_for_good: str | None = None  # a commit failed for good: writes refused
-        self.last_failed: str | None = None  # the last commit failed, and later ones may not
-        self.last_failed_state = "full"  # ... as health reports it: full, or unavailable
-        #: set while a commit's outcome is being found out (its answer was lost): writes refused
-        self.unknown: str | None = None
+        #: what it knows of the storage's failures, as writes, health and metrics see them
+        self.outage = Outage(storage)
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
         self._closing = False
         self._rewrite_until = 0.0
         self._last_tried = False
         self._task: asyncio.Task[None] | None = None
-        #: set, with why, once another tidal has taken the database over: the server stops
-        self.deposed: asyncio.Future[str] | None = None
         #: cluster mode: told of partitions a commit found another node had taken
         self.lost: Callable[[frozenset[int]], None] = lambda parts: None
         #: ... and of a batch refused because another node changed what it was built on
@@ -93,7 +83,7 @@ class Committer:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.deposed = loop.create_future()
+        self.outage.deposed = loop.create_future()
         self._task = loop.create_task(self._run(), name="tidal-writer")
 
     async def close(self) -> None:
@@ -108,16 +98,7 @@ class Committer:
 
     def writable(self) -> Batch:
         """The open batch, for a write; refused for good after a commit failed for good."""
-        if self.failed_for_good is not None:
-            raise Unavailable(
-                f"storage failed ({self.failed_for_good}); writes are refused until the server"
-                " is restarted on a healthy disk"
-            )
-        if self.unknown is not None:
-            raise Unavailable(
-                f"storage unavailable: {self.unknown}; writes are refused until its outcome is"
-                " known; nothing of this request was saved"
-            )
+        self.outage.check_writable()
         return self.open
 
     def ack(self, conn: Replier, msgid: int | None, result: Any) -> None:
@@ -169,17 +150,13 @@ class Committer:
             batch = self.open
             if not batch.pending() and not self._busy():
                 if not self._closing:
-                    self._idle = idle = asyncio.get_running_loop().create_future()
-                    every = self._probe_every()
-                    if every is None:
-                        await idle
-                    elif not (await asyncio.wait((idle,), timeout=every))[0]:
-                        await self._probe()
+                    self._idle = asyncio.get_running_loop().create_future()
+                    await self.outage.idle(self._idle)
                     continue
-                if self._last_tried or self.failed_for_good or not self._cycle.last(batch):
+                if self._last_tried or self.outage.failed_for_good or not self._cycle.last(batch):
                     return
                 self._last_tried = True
-            elif self.failed_for_good is None:
+            elif self.outage.failed_for_good is None:
                 self._cycle.prepare(batch)
             self.open = Batch(self._next_seq())
             self.inflight = batch
@@ -239,7 +216,7 @@ class Committer:
             await self._storage.commit(Transaction(self._cycle, batch, found))
         except CommitUnknown as unknown:
             log.error("%s; writes are refused until its outcome is known", unknown)
-            self.unknown = str(unknown)
+            self.outage.unknown = str(unknown)
             later = self.open
             for change in reversed(later.undo):
                 change.undo()
@@ -260,35 +237,11 @@ class Committer:
                 settle.cancel()
                 raise
             finally:
-                self.unknown = None
+                self.outage.unknown = None
         return found
 
-    def _probe_every(self) -> float | None:
-        return None if self.failed_for_good is not None else self._storage.probe_every
-
-    async def _probe(self) -> None:
-        """Nothing to commit for a while: a round trip keeps the database session (and its
-        lock) alive, and health true, as a commit would (``Storage.probe``)."""
-        try:
-            await self._storage.probe()
-        except StorageFailure as exc:
-            if exc.fenced or not exc.transient:
-                self._latch(exc)
-            elif self.last_failed is None or self.last_failed_state == exc.state:
-                self.last_failed, self.last_failed_state = str(exc), exc.state
-                _refusals(exc.state, logging.ERROR, "%s; writes will be tried", exc)
-        else:
-            if self.last_failed is not None and self.last_failed_state == "unavailable":
-                self.last_failed = None  # the database answers again
-
-    def _latch(self, exc: StorageFailure) -> None:
-        self.failed_for_good = str(exc)
-        log.critical("%s; refusing all writes until restarted", exc)
-        if exc.fenced and self.deposed is not None and not self.deposed.done():
-            self.deposed.set_result(str(exc))
-
     def _busy(self) -> bool:
-        if self.failed_for_good is not None or not self._cycle.busy():
+        if self.outage.failed_for_good is not None or not self._cycle.busy():
             return False
         return not self._closing or time.monotonic() < self._rewrite_until
 
@@ -301,7 +254,7 @@ class Committer:
     def _deliver(self, batch: Batch, found: list[Any]) -> None:
         batch.committed = True
         if batch.writes or batch.board_changed is not None:  # storage took a write
-            self.last_failed = None
+            self.outage.last_failed = None
         try:
             self._cycle.committed(batch, found)
         except Exception:  # a bug: memory may be off, but the replies still go out
@@ -321,7 +274,7 @@ class Committer:
         self.open = Batch(batch.first_seq)
         self._cycle.failed(batch, later, exc.outcome_unknown)
         if exc.refusal is not None:  # the database is fine: only these writes are refused
-            _refusals("refusal", logging.INFO, "%s", exc)
+            refusals("refusal", logging.INFO, "%s", exc)
             self.stale()
             refuse(self.room, (batch, later), exc.refusal)
             return
@@ -336,17 +289,5 @@ class Committer:
                 ErrorCode.MOVED,
             )
             return
-        if exc.data:  # the database is fine: only these writes are refused
-            _refusals(
-                "data", logging.ERROR, "%s; the writes in it were refused, later writes go on", exc
-            )
-        elif exc.transient:
-            self.last_failed = str(exc)
-            self.last_failed_state = exc.state
-            _refusals(
-                exc.state, logging.ERROR,
-                "%s; the writes in it were refused, later writes will be tried", exc,
-            )  # fmt: skip
-        else:
-            self._latch(exc)
+        self.outage.refused(exc)
         refuse(self.room, (batch, later), refusal(exc))

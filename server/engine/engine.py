@@ -47,8 +47,10 @@ from .changes import Changes
 from .committer import Committer
 from .cycle import Cycle
 from .dispatch import dispatch
+from .event_retention import EventRetention
 from .handlers import served
 from .lineup import line_up
+from .logged_feed import LoggedFeed
 from .publisher import Feed
 from .ranked import Ranked
 from .reads import Reads
@@ -127,13 +129,12 @@ class Engine:
             timeline,
             owners,
         )
-        self.feed = Feed(
-            snapshot.last_event_id,
-            self.committer,
-            clock,
-            heartbeat=heartbeat,
-            retention=event_retention,
-        )
+        # cluster mode: the events of every node's commits, from the log (``logged_feed``)
+        self.feed = (Feed if owners is None else LoggedFeed)(
+            snapshot.last_event_id, self.committer, clock,
+            heartbeat=heartbeat, retention=event_retention,
+        )  # fmt: skip
+        self.event_retention = EventRetention(event_retention, self.feed, self.committer, clock)
         path = SignalPath(self.members, self.cohorts, self.keys, self.board, self.budget,
                           self.committer, self.seqs, clock, owners)  # fmt: skip
         changes = Changes(self, timeline)
@@ -142,9 +143,11 @@ class Engine:
         self.health = reads.health_report
         self._methods = served(path.signal, path.signal_batch, changes, self.feed, reads, ranked)
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
-        self.replica = None if owners is None else Replica(self, owners.node, clock)
-        if self.replica is not None:
-            self.replica.route(self._methods, self.feed)
+        self.replica = None
+        if owners is not None:
+            assert isinstance(self.feed, LoggedFeed)
+            self.replica = Replica(self, owners.node, clock, self.feed)
+            self.replica.route(self._methods)
         self.ledger = line_up(self, cycle, snapshot.ledger_rows)
         #: each method's handler and how many params it takes, from the method table
         self._dispatch = dispatch(self._methods)
@@ -173,12 +176,14 @@ class Engine:
         self.committer.start()
         self.retention.start()
         self.feed.start()
+        self.event_retention.start()
         self.past.start()
 
     async def close(self) -> None:
         """Commit and answer everything already read, then stop the writer."""
         self.retention.stop()
         self.feed.stop()
+        self.event_retention.stop()
         await self.past.close()  # every withdrawal read joins a batch, or is refused
         await self.committer.close()
         await self._reads.close()  # the reads beside the writer, whose writes are done

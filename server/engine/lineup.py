@@ -2,14 +2,15 @@
 for one node, and for cluster mode, which swaps in its own (``clustered``) around the
 batch and for the ledger, the users and the board.
 
-    one node:  Ledger, Users, Checkpoint, Withdrawals, Retiring, Publisher
+    one node:  Ledger, Users, Checkpoint, Withdrawals, Retiring, Feed, EventRetention
     cluster:   LogHead, LoggedLedger, LoggedUsers, LoggedBoard, Withdrawals, Retiring,
-               Publisher, LogRecord
+               Feed, EventRetention, LogRecord
 
 The order is what the statements need: the log's head first (its lock orders every
 node's commits, and events take their ids from it), the checkpoint before the rows a
 purge withdraws from the tables it wrote, the events after the withdrawals whose counts
-they carry, the board before the feed pushes what it shows. A new participant (consumer
+they carry, and event retention after them, bounded by the replays the feed still
+reads; the board before the feed pushes what it shows. A new participant (consumer
 groups, say) is a class and a place here.
 """
 
@@ -29,6 +30,7 @@ from tidal.server.metrics import Metrics
 from .clustered import LoggedBoard, LoggedLedger, LoggedUsers, LogHead, LogRecord
 from .committer import Committer
 from .cycle import Cycle, Participant
+from .event_retention import EventRetention
 from .participants import Checkpoint, Ledger, Retiring, Users, Withdrawals
 from .publisher import Feed
 from .replica import Replica
@@ -51,6 +53,7 @@ class Parts(Protocol):
     past: Past
     retention: Retention
     feed: Feed
+    event_retention: EventRetention
     replica: Replica | None
 
     def rewind(self, first_seq: int) -> None: ...
@@ -72,5 +75,5 @@ def line_up(e: Parts, cycle: Cycle, ledger_rows: int) -> Ledger:
         head, tail = [LogHead(e.replica)], [LogRecord()]
     past = Withdrawals(e.past, e.committer, ledger)
     retiring = Retiring(e.retention, ledger)
-    cycle.declare([*head, ledger, users, held, past, retiring, e.feed, *tail])
+    cycle.declare([*head, ledger, users, held, past, retiring, e.feed, e.event_retention, *tail])
     return ledger

@@ -174,11 +174,11 @@ class Withdrawals(Participant):
         self._past, self._committer, self._ledger = past, committer, ledger
 
     def prepare(self, batch: Batch) -> None:
-        if self._committer.last_failed is None:  # after a refused commit, a request first
+        if self._committer.outage.last_failed is None:  # after a refused commit, requests first
             batch.rewrite = self._past.chunk(batch)
 
     def busy(self) -> bool:
-        return self._committer.last_failed is None and self._past.rewrites.busy()
+        return self._committer.outage.last_failed is None and self._past.rewrites.busy()
 
     def reads(self, batch: Batch) -> Plan[None]:
         yield from plans.past_reads(batch)

@@ -210,8 +210,8 @@ class Reads:
         if msgid is None:
             conn.reply(None, None)
             return
-        committer = self._engine.committer
-        if committer.unknown is not None:  # the writer is busy finding out: say so now
+        committer, outage = self._engine.committer, self._engine.committer.outage
+        if outage.unknown is not None:  # the writer is busy finding out: say so now
             conn.reply(msgid, self.health_report())
             return
         stalled = committer.stalled()
@@ -221,7 +221,7 @@ class Reads:
             return
         batch = committer.open
         # the last commit failed, not for good: a small write tests whether the disk is back
-        retrying = committer.last_failed is not None and committer.failed_for_good is None
+        retrying = outage.last_failed is not None and outage.failed_for_good is None
         if retrying and not batch.probe:
             batch.probe = True
             batch.writes += 1
@@ -238,15 +238,16 @@ class Reads:
         return out
 
     def _storage_health(self) -> dict[str, Any]:
-        committer = self._engine.committer
-        failed, full = committer.failed_for_good, committer.last_failed
+        outage = self._engine.committer.outage
+        failed, full = outage.failed_for_good, outage.last_failed
         if failed is not None:
             return report("failed", f"storage failed ({failed}); restart on a healthy disk")
-        if committer.unknown is not None:
-            return report("unavailable", f"{committer.unknown}; finding out whether it held")
+        if outage.unknown is not None:
+            return report("unavailable", f"{outage.unknown}; finding out whether it held")
         if full is not None:
-            state = self._engine.committer.last_failed_state
-            return report(state, f"the last commit failed ({full}); writes are refused")
+            return report(
+                outage.last_failed_state, f"the last commit failed ({full}); writes are refused"
+            )
         return report("ok")
 
 

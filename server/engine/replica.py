@@ -24,7 +24,7 @@ from tidal.server.core.rematch import rematch
 from tidal.server.core.replies import Replier
 from tidal.server.core.tallies import Contribution
 
-from .publisher import Feed
+from .logged_feed import LoggedFeed
 from .shape import EngineState
 
 log = logging.getLogger("tidal.engine")
@@ -33,8 +33,11 @@ Handler = Callable[[Replier, int | None, list[Any]], None]
 
 
 class Replica:
-    def __init__(self, engine: EngineState, node: str, clock: Callable[[], int]) -> None:
+    def __init__(
+        self, engine: EngineState, node: str, clock: Callable[[], int], feed: LoggedFeed
+    ) -> None:
         self._engine = engine
+        self._feed = feed
         self._node = node
         self._clock = clock
         self.applied = 0  # the last log id applied
@@ -113,7 +116,7 @@ class Replica:
             return
         contributions, changes, events = commit_log.decode(row)
         built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
-        pushed = commit_log.changes(events, self._engine.feed.last_id + 1) if events else []
+        pushed = commit_log.changes(events, self._feed.last_id + 1) if events else []
         self._apply(log_id, contributions, built, pushed)
 
     def _apply(
@@ -143,18 +146,17 @@ class Replica:
         if log_id >= self.checkpoint_at:
             self.due()
         if events:
-            engine.feed.applied(events)
+            self._feed.applied(events)
 
     # -- reads that span users ----------------------------------------------
 
-    def route(self, methods: dict[str, Handler], feed: Feed) -> None:
+    def route(self, methods: dict[str, Handler]) -> None:
         """Reads that span users, and cohort changes: each ``log`` method of the table is
         decided against the log's end (``synced``), and so is a feed's subscription."""
-        feed.cluster = True
         for method in TABLE:
             if method.route == "log" and method.name != "subscribe":
                 methods[method.name] = self.synced(method.name, methods[method.name])
-        feed.resync = self.synced("subscribe", feed.synced_subscribe)
+        self._feed.resync = self.synced("subscribe", self._feed.synced_subscribe)
 
     def synced(self, method: str, handler: Handler) -> Handler:
         """``handler``, once the log has been read to its end after the request came."""

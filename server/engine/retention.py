@@ -66,7 +66,7 @@ class Retention:
 
     def _due(self) -> None:
         self._timer = None
-        if self._committer.failed_for_good is not None:
+        if self._committer.outage.failed_for_good is not None:
             return
         if self._leads is not None and not self._leads():  # another node retires now
             self._schedule(PASS_MIN_SECONDS)  # ... or none does yet: this one may soon

@@ -28,14 +28,17 @@ def read(page: FeedRead) -> Plan[None]:
     ((page.oldest,),) = yield Rows("SELECT MIN(id) FROM events")
 
 
-def write(batch: Batch) -> Plan[int]:
+def write(batch: Batch) -> Plan[None]:
     """After the batch's withdrawals, whose counts its events carry. The last id is kept
-    apart from the rows, which retention may delete all of: an id is never given twice.
-    How many old events retention deleted."""
+    apart from the rows, which retention may delete all of: an id is never given twice."""
     if batch.changes:
         yield Put(EVENTS, [change.encode() for change in batch.changes])
         if batch.log is None:  # cluster mode: the commit log's row counts them
             yield Exec(SET_META, ("last_event_id", batch.changes[-1].id))
+
+
+def retire(batch: Batch) -> Plan[int]:
+    """Retention's chunk: how many old events it deleted."""
     if batch.retire_events is None:
         return 0
     before_ns, through = batch.retire_events
