@@ -47,7 +47,7 @@ class Changes:
         # reply goes with it (refused if the leave's batch is)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
         saved = "the leave is saved (the user is Left)"
-        self._e.past.ask(w, conn, msgid, Outcome(w, membership, saved, batch), saved)
+        self._e.past.surveys.ask(w, conn, msgid, Outcome(w, membership, saved, batch), saved)
 
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id: int = args[0]
@@ -69,7 +69,7 @@ class Changes:
         if self._e.owners is not None:  # checked again as it joins its batch (``past``)
             self._e.owners.check(user_id)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
-        self._e.past.ask(w, conn, msgid, Outcome(w))
+        self._e.past.surveys.ask(w, conn, msgid, Outcome(w))
 
     def erase(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         """Right to erasure: the rows go, with all they added; the user stays Left, so
@@ -87,7 +87,7 @@ class Changes:
             self._timeline.saw(left)
             saved = "the user is Left, as the erase was read"
         w.left_at_ns = self._e.members.status(user_id).left_at_ns
-        self._e.past.ask(w, conn, msgid, Outcome(w, None, saved, batch), saved)
+        self._e.past.surveys.ask(w, conn, msgid, Outcome(w, None, saved, batch), saved)
 
     def _line(self, batch: Batch, user_id: int, event: int, at_ns: int) -> None:
         """A line of the user's history, written with the change it records."""

@@ -126,8 +126,10 @@ class Ranked:
         if msgid is None:
             conn.reply(None, None)
             return
-        if self._engine.past.waiting():  # a purge read before this one has yet to take effect
-            self._engine.past.defer(conn, lambda: self._answer(conn, msgid, read))
+        if (
+            self._engine.past.surveys.waiting()
+        ):  # a purge read before this one has yet to take effect
+            self._engine.past.surveys.defer(conn, lambda: self._answer(conn, msgid, read))
             return
         committer = self._engine.committer
         batch, inflight = committer.open, committer.inflight

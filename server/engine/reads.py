@@ -106,8 +106,8 @@ class Reads:
         if msgid is None:
             conn.reply(None, None)
             return
-        if self._engine.past.waiting():  # its line is written as it takes effect
-            self._engine.past.defer(conn, lambda: self.history(conn, msgid, args))
+        if self._engine.past.surveys.waiting():  # its line is written as it takes effect
+            self._engine.past.surveys.defer(conn, lambda: self.history(conn, msgid, args))
             return
         committer = self._engine.committer
         again = _again(conn, msgid, lambda: self.history(conn, msgid, args))
