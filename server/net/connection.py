@@ -1,8 +1,7 @@
 """The asyncio shell around one client: bytes from the socket into the protocol, replies out.
 
-It stays thin: decoding lives in ``tidal.protocol``, meaning in the engine.
-Replies produced while handling one chunk of input, or by one group commit,
-leave in a single ``transport.write``.
+It stays thin: decoding lives in ``tidal.protocol``, meaning in the engine. Replies made
+while handling one chunk of input, or by one group commit, leave in one ``transport.write``.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ from typing import Any, cast
 from tidal.protocol import (
     DECODING,
     NEED_DATA,
-    RESPONSE,
     BadRequest,
     Connection,
     ErrorCode,
     Notification,
     RemoteProtocolError,
     Request,
-    error_data,
 )
 from tidal.protocol.errors import bounded
 from tidal.server.config import Config
@@ -30,8 +27,8 @@ from tidal.server.core.replies import Listener
 from tidal.server.logs import Throttle
 
 from .auth import AUTH_ATTEMPTS, PREAUTH_BYTES, Auth
-from .flow import FlowControl
-from .outgoing import encode
+from .flow import Allowance, FlowControl
+from .outgoing import Outbox, busy
 from .shared import ServerState
 
 log = logging.getLogger("tidal.connection")
@@ -39,14 +36,11 @@ log = logging.getLogger("tidal.connection")
 #: that is away would otherwise write megabytes of the same line
 _replies = Throttle(log)
 
-
 #: Applying requests from one connection gives the loop back after this long, so that
 #: a client with much to do never keeps the others waiting for longer.
 SLICE_SECONDS = 0.02
 #: A larger message is decoded, and let go of, this many bytes' worth at a time.
 DECODE_SLICE = 64 * 1024
-#: Large reads (``counts``) one connection may have awaiting replies.
-MAX_PENDING_READS = 16
 #: A subscriber closed for lagging has this long to read what was sent to it, the last
 #: notification saying why, before its connection is cut.
 END_SECONDS = 10.0
@@ -58,11 +52,8 @@ class ServerConnection(asyncio.Protocol):
         self._config = config
         self._max_inflight = config.max_inflight
         self._connections = state.connections
-        self._out: list[list[Any]] = []  # replies not yet written
         self._auth = Auth(config.token)
         self.inflight = 0  # requests and notifications applied but not yet committed
-        self._reads = 0  # reads awaiting their batch
-        self._reserved = 0  # ... and the most bytes their replies may take
         self.closed = False
         self.draining = False
         self._eof = False
@@ -71,7 +62,6 @@ class ServerConnection(asyncio.Protocol):
         self.last_active = time.monotonic()
         self.partial_since: float | None = None  # when the message still arriving began
         self._metrics = state.metrics
-        self._started: dict[int, tuple[str, float]] = {}  # msgid -> (method, read at)
         self.listener: Listener | None = None  # its change feed subscription, if any
         self._cut: asyncio.TimerHandle | None = None
 
@@ -82,13 +72,13 @@ class ServerConnection(asyncio.Protocol):
         self.conn = Connection(
             max_message_size=self._config.max_message_size, decode_slice=DECODE_SLICE
         )
+        self.outbox = Outbox(self.conn, self._metrics)
         self.flow = FlowControl(self.transport, self._schedule)
+        self.allowance = Allowance(self.flow, self.transport, self._config.max_output_buffer)
         if len(self._connections) >= self._config.max_connections:
             log.warning("refusing %s: %d connections open", self.peer, len(self._connections))
             self.closed = True
-            busy = "too many connections; try again later"
-            note = [int(ErrorCode.UNAVAILABLE), busy, error_data(ErrorCode.UNAVAILABLE, busy)]
-            self.transport.write(self.conn.send(Notification("error", note)))
+            self.transport.write(busy(self.conn))
             self.transport.close()
             return
         self._connections.add(self)
@@ -117,7 +107,7 @@ class ServerConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.flow.set(FlowControl.BLOCKED, False)
         if self.flow.stopped & FlowControl.READS:
-            self._judge_reads()  # the peer read: its unsent replies no longer fill the allowance
+            self.allowance.judge()  # the peer read: its unsent replies no longer fill it
         if self.listener is not None:
             self.listener.writable()
 
@@ -146,7 +136,9 @@ class ServerConnection(asyncio.Protocol):
 
     def _apply(self) -> None:
         """Apply the complete requests read, in order, until none is left, flow control
-        stops us, or this connection has had its slice of the loop."""
+        stops us, or this connection has had its slice of the loop. One state machine
+        over what the decoder says (a slice decoded, more bytes needed, a whole message),
+        kept whole: the hot path of every request."""
         handle = self._state.handler.handle
         conn = self.conn
         flow = self.flow
@@ -182,7 +174,7 @@ class ServerConnection(asyncio.Protocol):
                 if type(event) is Request:
                     self.inflight += 1
                     if metrics is not None:
-                        self._started[event.msgid] = (event.method, now)
+                        self.outbox.began(event.msgid, event.method, now)
                     if not self._auth.done or event.method == "auth":
                         if not self._auth.take(event, self):
                             self._auth_refused()
@@ -238,12 +230,8 @@ class ServerConnection(asyncio.Protocol):
     def reply(self, msgid: int | None, result: Any) -> None:
         """Answer a request; for a notification (``msgid`` None), only its place in flight ends."""
         self.inflight -= 1
-        if msgid is None:
-            return
-        if self._metrics is not None:
-            self._observe(msgid)
-        if not self.closed:
-            self._out.append([RESPONSE, msgid, None, result])
+        if msgid is not None:
+            self.outbox.result(msgid, result, not self.closed)
 
     def reply_error(self, msgid: int | None, code: int, message: str) -> None:
         self.inflight -= 1
@@ -253,43 +241,19 @@ class ServerConnection(asyncio.Protocol):
             return
         level = logging.DEBUG if code == ErrorCode.MOVED else logging.WARNING  # routing's
         _replies(code, level, "error %d to %s (msgid %d): %s", code, self.peer, msgid, message)
-        if self._metrics is not None:
-            self._observe(msgid)
-            self._metrics.error(int(code))
-        if not self.closed:
-            self._out.append(
-                [RESPONSE, msgid, [int(code), message, error_data(code, message)], None]
-            )
+        self.outbox.error(msgid, code, message, not self.closed)
 
     def reading(self, bytes_: int) -> None:
-        """A read whose reply may take ``bytes_`` began (> 0) or was answered (< 0): only a
-        few may wait at once, and what their replies may take, with what is still unsent,
-        counts against the connection's output allowance (--max-output-buffer). Past it,
-        nothing more is applied until replies are written out and read."""
-        self._reads += 1 if bytes_ > 0 else -1
-        self._reserved += bytes_
-        self._judge_reads()
-
-    def _judge_reads(self) -> None:
-        full = self._reserved + self.transport.get_write_buffer_size()
-        self.flow.set(
-            FlowControl.READS,
-            self._reads >= MAX_PENDING_READS or full >= self._config.max_output_buffer,
-        )
+        """A read whose reply may take ``bytes_`` began (> 0) or was answered (< 0)."""
+        self.allowance.reading(bytes_)
 
     def hold(self, on: bool) -> None:
         """Apply nothing more of this connection's (True) until told to go on (False)."""
         self.flow.set(FlowControl.DEFERRED, on)
 
-    def _observe(self, msgid: int) -> None:
-        assert self._metrics is not None
-        started = self._started.pop(msgid, None)
-        if started is not None:
-            self._metrics.observe_latency(started[0], time.monotonic() - started[1])
-
     def flush(self) -> None:
         """Send every reply gathered since the last flush, in one write."""
-        if self._out:
+        if self.outbox.items:
             if not self.closed:
                 # Judged before this write: replies just made are not a slow reader, while
                 # earlier ones still unread past the limit are (reading stopped long ago).
@@ -298,8 +262,8 @@ class ServerConnection(asyncio.Protocol):
                     self.closed = True
                     self.transport.abort()
                 else:
-                    self.transport.write(encode(self.conn, self._out))
-            self._out = []
+                    self.transport.write(self.outbox.take())
+            self.outbox.items = []
         if self.inflight <= self._max_inflight // 2:
             self.flow.set(FlowControl.BUSY, False)
         if self._eof and not (self.inflight or self._input_left or self.transport.is_closing()):
@@ -310,7 +274,7 @@ class ServerConnection(asyncio.Protocol):
     def push(self, data: bytes) -> None:
         if self.closed:
             return
-        if self._out:
+        if self.outbox.items:
             self.flush()  # the replies made so far go first: the order they were made in
         if not self.closed:
             self.transport.write(data)
@@ -328,36 +292,6 @@ class ServerConnection(asyncio.Protocol):
         self.closed = True
         self.transport.close()  # what is buffered still goes, then the connection closes
         self._cut = asyncio.get_running_loop().call_later(END_SECONDS, self.transport.abort)
-
-    def close_idle(self, timeout: float) -> None:
-        """Close a connection that sent nothing for ``timeout``. One whose replies are still
-        unsent is aborted: a peer that has not read them will not, and a polite close
-        would wait for ever to flush them, holding its place under --max-connections."""
-        self.closed = True
-        unsent = self.transport.get_write_buffer_size()
-        if unsent:
-            log.info(
-                "aborting %s: idle for over %ss, %d bytes of replies unread",
-                self.peer,
-                timeout,
-                unsent,
-            )
-            self.transport.abort()
-        else:
-            log.info("closing %s: idle for over %ss", self.peer, timeout)
-            self.transport.close()
-
-    def close_stalled(self, timeout: float) -> None:
-        """A message begun over ``timeout`` ago is still not whole: what it sent so far is
-        held for it, so a sender that stalls must not keep it for ever."""
-        log.warning(
-            "closing %s: a message of which %d bytes arrived is not whole after %ss",
-            self.peer,
-            self.conn.pending,
-            timeout,
-        )
-        self.closed = True
-        self.transport.abort()
 
     def drain(self) -> None:
         """Stop reading for shutdown; requests already applied are still answered."""

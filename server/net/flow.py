@@ -8,6 +8,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Final
 
+#: Large reads (``counts``) one connection may have awaiting replies.
+MAX_PENDING_READS: Final = 16
+
 
 class FlowControl:
     """Reading, and applying what was read, stop for any of a few reasons and go on only
@@ -42,3 +45,27 @@ class FlowControl:
             self._resume()
         elif not was:
             self._transport.pause_reading()
+
+
+class Allowance:
+    """A connection's output allowance (--max-output-buffer): only a few reads may wait
+    at once for their replies, and what those may take, with what is still unsent,
+    counts against it. Past it, nothing more is applied (``FlowControl.READS``) until
+    replies are written out and read."""
+
+    def __init__(self, flow: FlowControl, transport: asyncio.Transport, most: int) -> None:
+        self._flow = flow
+        self._transport = transport
+        self._most = most
+        self._reads = 0  # reads awaiting their batch
+        self._reserved = 0  # ... and the most bytes their replies may take
+
+    def reading(self, bytes_: int) -> None:
+        """A read whose reply may take ``bytes_`` began (> 0) or was answered (< 0)."""
+        self._reads += 1 if bytes_ > 0 else -1
+        self._reserved += bytes_
+        self.judge()
+
+    def judge(self) -> None:
+        full = self._reserved + self._transport.get_write_buffer_size()
+        self._flow.set(FlowControl.READS, self._reads >= MAX_PENDING_READS or full >= self._most)
