@@ -88,6 +88,14 @@ def one_round(
     shape_runs: dict[str, dict[str, list[dict[str, Any]]]],
     extra_runs: dict[str, list[dict[str, Any]]],
 ) -> None:
+    """Every system once at every shape, then the other runs, each appended to its list."""
+    _shapes(scale, shape_runs)
+    extra = _Extra(extra_runs)
+    _batches(scale, extra)
+    _loads(scale, extra)
+
+
+def _shapes(scale: float, shape_runs: dict[str, dict[str, list[dict[str, Any]]]]) -> None:
     def record(system: str, shape: str, result: dict[str, Any]) -> None:
         shape_runs.setdefault(system, {}).setdefault(shape, []).append(result)
         print(
@@ -95,12 +103,6 @@ def one_round(
             f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms",
             file=sys.stderr,
         )
-
-    class Extra:
-        def __setitem__(self, name: str, result: dict[str, Any]) -> None:
-            extra_runs.setdefault(name, []).append(result)
-
-    extra = Extra()
 
     for c, p in SHAPES:
         n = requests_for(c, p, scale)
@@ -114,6 +116,18 @@ def one_round(
             with redis_server(fsync) as red:
                 record(f"redis {fsync}", f"{c}x{p}", redis_run(red, c, p, n))
 
+
+class _Extra:
+    """The other runs, by name: each round's result appended to its list."""
+
+    def __init__(self, runs: dict[str, list[dict[str, Any]]]) -> None:
+        self.runs = runs
+
+    def __setitem__(self, name: str, result: dict[str, Any]) -> None:
+        self.runs.setdefault(name, []).append(result)
+
+
+def _batches(scale: float, extra: _Extra) -> None:
     batches = max(40, int(400 * scale))
     with bare_server() as bare:
         extra["bare batch 1000 (4x4)"] = tidal_bench(bare, 4, 4, batches, workload="batch")
@@ -132,6 +146,9 @@ def one_round(
                 red, 4, 4, batches, workload="batch"
             )
 
+
+def _loads(scale: float, extra: _Extra) -> None:
+    """The gate's cost (0% and 100% left), a mixed load, a long run, reads under load."""
     n = requests_for(16, 16, scale)
     for fraction in (0.0, 1.0):
         with tidal_server("full") as srv:

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, TypeAlias
 
 from tidal.protocol.schemas import WINDOW_ALIASES, WINDOWS
 from tidal.server import kinds
@@ -32,6 +32,9 @@ from .settings import (
 )
 from .workload import WORKLOADS
 
+#: ``tidal``'s subcommands, each added by its own function below
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
 
 def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     parser: argparse.ArgumentParser = Parser(
@@ -40,10 +43,21 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     parser.add_argument("--version", action="version", version=f"tidal {VERSION} ({build()})")
     commands = parser.add_subparsers(dest="command", required=True)
     settings = Settings()
+    serve_options(settings, commands.add_parser("serve", help="run the server"))
+    _call(commands, settings)
+    _backup(commands, settings)
+    _status_and_stats(commands, settings)
+    _top(commands, settings)
+    _catalog(commands, settings)
+    client_options(settings, watch.add(commands))
+    _health(commands, settings)
+    cluster.add(commands, settings)
+    _bench(commands, settings)
+    return parser, settings
 
-    serve = commands.add_parser("serve", help="run the server")
-    serve_options(settings, serve)
 
+def _call(commands: Commands, settings: Settings) -> None:
+    """tidal call METHOD ARGS..."""
     call = commands.add_parser(
         "call",
         help="call one method and print its result as JSON",
@@ -61,6 +75,9 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     call.add_argument("args", nargs="*")
     client_options(settings, call)
 
+
+def _backup(commands: Commands, settings: Settings) -> None:
+    """tidal backup DEST"""
     backup = commands.add_parser(
         "backup",
         help="copy the database, consistently, while the server runs",
@@ -72,12 +89,19 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     backup.add_argument("dest", help="the file to create (never overwritten)")
     settings.add(backup, "--db", "TIDAL_DB", "./tidal.db", "the database to copy")
 
+
+def _status_and_stats(commands: Commands, settings: Settings) -> None:
+    """tidal status USER_ID, tidal stats"""
     for name, text in (("status", "a user's membership"), ("stats", "the server's figures")):
         sub = commands.add_parser(name, help=f"print {text}, readably")
         if name == "status":
             sub.add_argument("user_id", type=USER_ID, help="0 to 2**64-1")
         sub.add_argument("--json", action="store_true", help="print the reply as one JSON object")
         client_options(settings, sub)
+
+
+def _top(commands: Commands, settings: Settings) -> None:
+    """tidal top LAYER [NAME] KIND"""
     top = commands.add_parser(
         "top",
         help="print a ranking: what is most viewed, liked or trending in a layer",
@@ -111,6 +135,10 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         "--json", action="store_true", help="print the reply as one JSON object (next in base64)"
     )
     client_options(settings, top)
+
+
+def _catalog(commands: Commands, settings: Settings) -> None:
+    """tidal catalog [LAYER]"""
     catalog = commands.add_parser(
         "catalog",
         help="list what is stored: the communities, cohorts or the ledger's kinds, counted",
@@ -128,7 +156,10 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
     )
     catalog.add_argument("--json", action="store_true", help="print the reply as one JSON object")
     client_options(settings, catalog)
-    client_options(settings, watch.add(commands))
+
+
+def _health(commands: Commands, settings: Settings) -> None:
+    """tidal health"""
     health = commands.add_parser(
         "health",
         help="exit 0 if the server is ready and its storage takes writes, 1 otherwise",
@@ -138,8 +169,10 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         " unhealthy too (exit 1).",
     )
     client_options(settings, health)
-    cluster.add(commands, settings)
 
+
+def _bench(commands: Commands, settings: Settings) -> None:
+    """tidal bench"""
     bench = commands.add_parser(
         "bench",
         help="measure throughput and latency against a running server",
@@ -187,6 +220,12 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         default=0.0,
         help="share of users who leave first, 0 to 1 (0)",
     )
+    _bench_run(bench)
+
+
+def _bench_run(bench: argparse.ArgumentParser) -> None:
+    """``tidal bench``'s options about the run, not the load: what it measures and drives,
+    and what it may touch."""
     bench.add_argument(
         "--server-pid",
         type=_some(2**31),
@@ -213,7 +252,6 @@ def _parser() -> tuple[argparse.ArgumentParser, Settings]:
         help="leave what the run made (a throwaway database): no erase and rejoin after",
     )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser, settings
 
 
 def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Parser:

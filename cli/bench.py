@@ -132,9 +132,8 @@ async def measure(
     rng = random.Random(cfg.seed)
     loop = asyncio.get_running_loop()
     packer = msgpack.Packer(use_bin_type=True)
-    per_client = [cfg.requests // cfg.clients] * cfg.clients
-    for i in range(cfg.requests % cfg.clients):
-        per_client[i] += 1
+    per_client = [cfg.requests // cfg.clients + (i < cfg.requests % cfg.clients)
+                  for i in range(cfg.clients)]  # fmt: skip
     conns: list[Load] = []
     latencies: list[float] = []
     finished = asyncio.Event()
@@ -152,15 +151,8 @@ async def measure(
     #: per connection, per slot, the users each request in its queue writes for
     writes: list[list[list[list[int]]]] = []
     for count in per_client:
-        queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
-        writes.append([[] for _ in range(cfg.pipeline)])
-        for i, (method, params) in enumerate(requests(cfg, rng, count)):
-            slot = i % cfg.pipeline
-            writes[-1][slot].append(made(method, params))
-            if sha is None:
-                queues[slot].append(packer.pack([0, slot, method, params]))
-            else:
-                queues[slot].append(resp_wire.equivalent(sha, method, params)[0])
+        queues, planned = _encoded(cfg, rng, count, packer)
+        writes.append(planned)
         load = functools.partial(
             Load,
             queues,
@@ -189,10 +181,49 @@ async def measure(
     lost = [c.lost for c in conns if c.lost is not None]
     if lost and not interrupted:
         raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
-    for conn, slots in zip(conns, writes, strict=True):  # the requests sent, not those planned
+    users.update(_written(conns, writes))
+    result = _result(cfg, conns, latencies, answered, seconds, cpu, interrupted)
+    return result, Made(frozenset(users), cohort)
+
+
+def _written(conns: list[Load], writes: list[list[list[list[int]]]]) -> set[int]:
+    """The users the requests sent wrote for: not those planned, which an interrupted
+    run did not all send."""
+    users: set[int] = set()
+    for conn, slots in zip(conns, writes, strict=True):
         for slot, planned in enumerate(slots):
             for written in planned[: len(planned) - len(conn.queues[slot])]:
                 users.update(written)
+    return users
+
+
+def _encoded(
+    cfg: BenchConfig, rng: random.Random, count: int, packer: msgpack.Packer
+) -> tuple[list[list[bytes]], list[list[list[int]]]]:
+    """One connection's ``count`` requests, encoded before the clock starts: a queue per
+    pipeline slot; and, per slot, the users each request writes for (``clean_up``)."""
+    sha = cfg.redis_sha
+    queues: list[list[bytes]] = [[] for _ in range(cfg.pipeline)]
+    writes: list[list[list[int]]] = [[] for _ in range(cfg.pipeline)]
+    for i, (method, params) in enumerate(requests(cfg, rng, count)):
+        slot = i % cfg.pipeline
+        writes[slot].append(made(method, params))
+        if sha is None:
+            queues[slot].append(packer.pack([0, slot, method, params]))
+        else:
+            queues[slot].append(resp_wire.equivalent(sha, method, params)[0])
+    return queues, writes
+
+
+def _result(
+    cfg: BenchConfig,
+    conns: list[Load],
+    latencies: list[float],
+    answered: int,
+    seconds: float,
+    cpu: float,
+    interrupted: bool,
+) -> BenchResult:
     latencies.sort()
     signals_per_request = (
         cfg.batch_size
@@ -216,7 +247,7 @@ async def measure(
         p999_ms=round(_percentile(latencies, 0.999), 3),
         server_cpu_us=server_cpu_us,
         interrupted=interrupted,
-    ), Made(frozenset(users), cohort)
+    )
 
 
 async def _until(finished: asyncio.Event) -> bool:

@@ -187,68 +187,81 @@ class _Collector(Collector):
             )
             backend.add_metric([engine.storage.backend], 1)
             yield backend
-        yield _counter("tidal_signals", "Signals committed to the ledger.", signals)
-        yield _counter(
-            "tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded
-        )
-        yield _counter(
-            "tidal_gated", "Signals of users who had left: ledger only.", signals - forwarded
-        )
-        yield _counter("tidal_leaves", "Leaves committed.", m.leaves)
-        yield _counter("tidal_rejoins", "Rejoins committed.", m.rejoins)
-        errors = CounterMetricFamily("tidal_errors", "Error replies, by code.", labels=["code"])
-        for code, count in sorted(m.errors.items()):
-            errors.add_metric([str(code)], count)
-        yield errors
-        latency = HistogramMetricFamily(
-            "tidal_request_seconds",
-            "From reading a request to writing its reply, by method.",
-            labels=["method"],
-        )
-        for method, histogram in sorted(m.latency.items()):
-            latency.add_metric([method], histogram.buckets(), histogram.total)
-        yield latency
-        yield _histogram("tidal_commit_batch_size", "Writes per group commit.", m.batch_size)
-        yield _histogram("tidal_commit_seconds", "Duration of a group commit.", m.commit_seconds)
+        yield from _traffic(m, signals, forwarded)
         yield GaugeMetricFamily("tidal_connections", "Open connections.", value=m.connections())
-        budget = engine.budget if engine else None
-        yield GaugeMetricFamily(
-            "tidal_aggregates", "Aggregates held in memory.", value=engine.tallies if engine else 0
-        )
-        yield GaugeMetricFamily(
-            "tidal_aggregates_bytes",
-            "Memory the aggregates take, as the memory budget counts it.",
-            value=budget.used() if budget else 0,
-        )
-        yield GaugeMetricFamily(
-            "tidal_memory_budget_bytes",
-            "The memory budget of the aggregates (--memory-budget); 0: no budget.",
-            value=budget.limit if budget and budget.limit < 2**62 else 0,
-        )
-        yield GaugeMetricFamily(
-            "tidal_memory_full",
-            "1 while less than 1% of the memory budget is left: writes that would create"
-            " aggregates are refused.",
-            value=int(budget.full()) if budget else 0,
-        )
-        yield _counter(
-            "tidal_writes_refused_full",
-            "Writes refused for the memory budget (error 2 'full:').",
-            budget.refused if budget else 0,
-        )
-        users_left = len(engine.members) if engine else 0
-        yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
-        feed = engine.feed if engine else None
-        yield GaugeMetricFamily(
-            "tidal_subscribers", "Change feed subscribers now.", value=len(feed) if feed else 0
-        )
-        sent = feed.sent if feed else 0
-        yield _counter("tidal_events_sent", "Change feed events written to subscribers.", sent)
-        yield _counter(
-            "tidal_subscribers_lagging",
-            "Subscribers closed for lagging: too much written to them still unread.",
-            feed.lagged if feed else 0,
-        )
+        yield from _memory(engine)
+        yield from _users(engine)
+
+
+def _traffic(m: Metrics, signals: int, forwarded: int) -> Iterator[Metric]:
+    """What came in and what was answered: signals, leaves, errors, latencies, commits."""
+    yield _counter("tidal_signals", "Signals committed to the ledger.", signals)
+    yield _counter("tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded)
+    yield _counter(
+        "tidal_gated", "Signals of users who had left: ledger only.", signals - forwarded
+    )
+    yield _counter("tidal_leaves", "Leaves committed.", m.leaves)
+    yield _counter("tidal_rejoins", "Rejoins committed.", m.rejoins)
+    errors = CounterMetricFamily("tidal_errors", "Error replies, by code.", labels=["code"])
+    for code, count in sorted(m.errors.items()):
+        errors.add_metric([str(code)], count)
+    yield errors
+    latency = HistogramMetricFamily(
+        "tidal_request_seconds",
+        "From reading a request to writing its reply, by method.",
+        labels=["method"],
+    )
+    for method, histogram in sorted(m.latency.items()):
+        latency.add_metric([method], histogram.buckets(), histogram.total)
+    yield latency
+    yield _histogram("tidal_commit_batch_size", "Writes per group commit.", m.batch_size)
+    yield _histogram("tidal_commit_seconds", "Duration of a group commit.", m.commit_seconds)
+
+
+def _memory(engine: Engine | None) -> Iterator[Metric]:
+    """The aggregates, and the memory budget they are held to."""
+    budget = engine.budget if engine else None
+    yield GaugeMetricFamily(
+        "tidal_aggregates", "Aggregates held in memory.", value=engine.tallies if engine else 0
+    )
+    yield GaugeMetricFamily(
+        "tidal_aggregates_bytes",
+        "Memory the aggregates take, as the memory budget counts it.",
+        value=budget.used() if budget else 0,
+    )
+    yield GaugeMetricFamily(
+        "tidal_memory_budget_bytes",
+        "The memory budget of the aggregates (--memory-budget); 0: no budget.",
+        value=budget.limit if budget and budget.limit < 2**62 else 0,
+    )
+    yield GaugeMetricFamily(
+        "tidal_memory_full",
+        "1 while less than 1% of the memory budget is left: writes that would create"
+        " aggregates are refused.",
+        value=int(budget.full()) if budget else 0,
+    )
+    yield _counter(
+        "tidal_writes_refused_full",
+        "Writes refused for the memory budget (error 2 'full:').",
+        budget.refused if budget else 0,
+    )
+
+
+def _users(engine: Engine | None) -> Iterator[Metric]:
+    """Users who have left, and the change feed's subscribers."""
+    users_left = len(engine.members) if engine else 0
+    yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
+    feed = engine.feed if engine else None
+    yield GaugeMetricFamily(
+        "tidal_subscribers", "Change feed subscribers now.", value=len(feed) if feed else 0
+    )
+    sent = feed.sent if feed else 0
+    yield _counter("tidal_events_sent", "Change feed events written to subscribers.", sent)
+    yield _counter(
+        "tidal_subscribers_lagging",
+        "Subscribers closed for lagging: too much written to them still unread.",
+        feed.lagged if feed else 0,
+    )
 
 
 def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:

@@ -229,9 +229,7 @@ async def test_a_replay_whose_reader_stops_is_closed_and_retention_goes_on(
                 await asyncio.wait_for(retention.caught_up.wait(), 10)
                 if retention.retired == 60_000:
                     break
-            assert retention.retired == 60_000, (
-                "retention still held back at the replay's position"
-            )
+            assert retention.retired == 60_000, "retention still held back at the replay's position"
 
         def read_all() -> list[Any]:
             stuck.settimeout(10)

@@ -5,7 +5,7 @@ tallies and two million bucket lines, so built with as few and as cheap steps as
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgpack
 
@@ -33,82 +33,114 @@ def load_chunks(
     indexes, its scope found once per chunk."""
     rows = list(rows)
     by_id = Ids(next_id, len(rows) * CHUNK)
-    table = by_id.table
     top = 0
-    bases = board.decay
-    half_lives = len(bases)
-    index = board.by_entity
     for chunk, decay_data, data in rows:
-        taken: dict[int, int] = dict(msgpack.unpackb(decay_data))
-        order = list(taken)
-        width = len(order)
-        places: list[tuple[int, int, float]] = [
-            (i, order.index(hl), windows.rebase_factor(taken[hl], base, hl))
-            for i, (hl, base) in enumerate(bases)
-            if hl in taken and hl not in missing
-        ]
-        # the sums as they are, where the chunk keeps the board's half-lives, in its order
-        as_is = order == [hl for hl, _ in bases] and all(f == 1.0 for _, _, f in places)
-        as_is = as_is and len(places) == half_lives
-        slots, ids, entities, where, counts, weights, trends, buried = unpack_records(data)
-        top = max(top, max(ids, default=0), max(buried, default=0))
-        for place in by_id.places(buried):
-            if table[place] is None:
-                table[place] = GONE_TALLY
-        spots = by_id.places(ids)
-        scopes: list[Scope | None] = []
-        keys: list[Key] = []
-        kinds_of: list[str] = []
-        for layer, key, kind in slots:
-            kept = layer != COHORT or key in cohort_ids
-            scopes.append(board.scope_for((layer, key, kind)) if kept else None)
-            keys.append(None if layer == LEDGER else key)
-            kinds_of.append(kind)
-        members: list[Tally] = []
-        last: str | None = None  # records are written entity by entity: its kinds at hand
-        kinds: dict[str, dict[Key, Tally]] = {}
-        for j in range(len(ids)):
-            place = spots[j]
-            if table[place] is not None:
-                continue  # a newer record, or buried
-            s = where[j]
-            scope = scopes[s]
-            count = counts[j]
-            if scope is None or not count:
-                table[place] = GONE_TALLY
-                continue
-            entity = entities[j]
-            if entity == last and last is not None:
-                entity = last  # one str per entity, not per tally
-            else:
-                kinds = index.setdefault(entity, {})
-                last = entity
-            kind = kinds_of[s]
-            mine = kinds.get(kind)
-            if mine is None:
-                mine = kinds[kind] = {}
-            key = keys[s]
-            if key in mine:  # not written so, but never counted twice
-                table[place] = GONE_TALLY
-                continue
-            if as_is:
-                trend = trends[j * width : (j + 1) * width]
-            else:
-                trend = [0.0] * half_lives
-                for i, k, factor in places:
-                    trend[i] = trends[j * width + k] * factor
-            tally = Tally(entity, scope, half_lives, count, weights[j], trend)
-            mine[key] = scope.tallies[entity] = tally
-            tally.id = ids[j]
-            tally.chunk = chunk
-            table[place] = tally
-            members.append(tally)
-        board.tallies += len(members)
-        shelf.members[chunk] = members
-        shelf.sizes[chunk] = len(ids) + len(buried)
-        shelf.next_chunk = max(shelf.next_chunk, chunk + 1)
+        top = max(
+            top, _load_chunk(board, shelf, by_id, chunk, decay_data, data, cohort_ids, missing)
+        )
     shelf.next_id = max(next_id, top + 1)
     return by_id
+
+
+def _rebased(
+    bases: Sequence[tuple[int, int]], decay_data: bytes, missing: Sequence[int]
+) -> tuple[list[tuple[int, int, float]], int, bool]:
+    """Where each of the board's half-lives is among a chunk's sums, and the factor that
+    moves it to the board's base: (board's place, chunk's place, factor); how many sums a
+    record holds; and whether they are as the board keeps them (its half-lives, in its
+    order, at its bases, none missing)."""
+    taken: dict[int, int] = dict(msgpack.unpackb(decay_data))
+    order = list(taken)
+    places = [
+        (i, order.index(hl), windows.rebase_factor(taken[hl], base, hl))
+        for i, (hl, base) in enumerate(bases)
+        if hl in taken and hl not in missing
+    ]
+    as_is = order == [hl for hl, _ in bases] and all(f == 1.0 for _, _, f in places)
+    return places, len(order), as_is and len(places) == len(bases)
+
+
+def _scopes(
+    board: Board, slots: list[list[Any]], cohort_ids: set[int]
+) -> tuple[list[Scope | None], list[Key], list[str]]:
+    """Each slot of a chunk: its scope (None: a cohort dropped), its key among an
+    entity's tallies, its kind."""
+    scopes: list[Scope | None] = []
+    keys: list[Key] = []
+    kinds_of: list[str] = []
+    for layer, key, kind in slots:
+        kept = layer != COHORT or key in cohort_ids
+        scopes.append(board.scope_for((layer, key, kind)) if kept else None)
+        keys.append(None if layer == LEDGER else key)
+        kinds_of.append(kind)
+    return scopes, keys, kinds_of
+
+
+def _load_chunk(
+    board: Board,
+    shelf: Shelf,
+    by_id: Ids,
+    chunk: int,
+    decay_data: bytes,
+    data: bytes,
+    cohort_ids: set[int],
+    missing: Sequence[int],
+) -> int:
+    """One chunk's records onto the board (``load_chunks``); returns its highest id."""
+    table = by_id.table
+    half_lives = len(board.decay)
+    index = board.by_entity
+    places, width, as_is = _rebased(board.decay, decay_data, missing)
+    slots, ids, entities, where, counts, weights, trends, buried = unpack_records(data)
+    for place in by_id.places(buried):
+        if table[place] is None:
+            table[place] = GONE_TALLY
+    spots = by_id.places(ids)
+    scopes, keys, kinds_of = _scopes(board, slots, cohort_ids)
+    members: list[Tally] = []
+    last: str | None = None  # records are written entity by entity: its kinds at hand
+    kinds: dict[str, dict[Key, Tally]] = {}
+    for j in range(len(ids)):
+        place = spots[j]
+        if table[place] is not None:
+            continue  # a newer record, or buried
+        s = where[j]
+        scope = scopes[s]
+        count = counts[j]
+        if scope is None or not count:
+            table[place] = GONE_TALLY
+            continue
+        entity = entities[j]
+        if entity == last and last is not None:
+            entity = last  # one str per entity, not per tally
+        else:
+            kinds = index.setdefault(entity, {})
+            last = entity
+        kind = kinds_of[s]
+        mine = kinds.get(kind)
+        if mine is None:
+            mine = kinds[kind] = {}
+        key = keys[s]
+        if key in mine:  # not written so, but never counted twice
+            table[place] = GONE_TALLY
+            continue
+        if as_is:
+            trend = trends[j * width : (j + 1) * width]
+        else:
+            trend = [0.0] * half_lives
+            for i, k, factor in places:
+                trend[i] = trends[j * width + k] * factor
+        tally = Tally(entity, scope, half_lives, count, weights[j], trend)
+        mine[key] = scope.tallies[entity] = tally
+        tally.id = ids[j]
+        tally.chunk = chunk
+        table[place] = tally
+        members.append(tally)
+    board.tallies += len(members)
+    shelf.members[chunk] = members
+    shelf.sizes[chunk] = len(ids) + len(buried)
+    shelf.next_chunk = max(shelf.next_chunk, chunk + 1)
+    return max(max(ids, default=0), max(buried, default=0))
 
 
 #: what ``Ids`` holds for an id seen and gone (buried, of a cohort dropped)

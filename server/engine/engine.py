@@ -91,21 +91,11 @@ class Engine:
         self.connections = connections
         self.reply_budget = max_reply - REPLY_ENVELOPE
         self.metrics = metrics
-        self.members = Members.adopt(snapshot.left, snapshot.rejoined)
-        self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
-        self.keys = Keys(snapshot.keys, key_window_ns, max_keys)
+        self._restore(snapshot, Keys(snapshot.keys, key_window_ns, max_keys), memory_budget)
         self.aggregates = Aggregates(
             every_signals=checkpoint_signals, every_seconds=checkpoint_seconds
         )
-        on_disk = snapshot.board
-        self.board = Board(on_disk.decay, clock())
-        self.budget = Budget(self.board, *memory_budget)  # bytes (0: none), as set
-        self.shelf = Shelf()
-        cohort_ids = set(self.cohorts.names())
-        restore.rebuild(self.board, self.shelf, on_disk, snapshot.ledger_tail, cohort_ids)
         self.aggregates.signals_committed(len(snapshot.ledger_tail))
-        self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
-        self.seqs = Seqs(snapshot.next_seq)
         cycle = Cycle()
         self.committer = Committer(
             storage,
@@ -135,6 +125,13 @@ class Engine:
             heartbeat=heartbeat, retention=event_retention,
         )  # fmt: skip
         self.event_retention = EventRetention(event_retention, self.feed, self.committer, clock)
+        self._serve(clock, timeline, owners)
+        self.ledger = line_up(self, cycle, snapshot.ledger_rows)
+        #: each method's handler and how many params it takes, from the method table
+        self._dispatch = dispatch(self._methods)
+
+    def _serve(self, clock: Callable[[], int], timeline: Timeline, owners: Owners | None) -> None:
+        """The handlers of the method table; cluster mode: some decided against the log."""
         path = SignalPath(self.members, self.cohorts, self.keys, self.board, self.budget,
                           self.committer, self.seqs, clock, owners)  # fmt: skip
         changes = Changes(self, timeline)
@@ -148,9 +145,21 @@ class Engine:
             assert isinstance(self.feed, LoggedFeed)
             self.replica = Replica(self, owners.node, clock, self.feed)
             self.replica.route(self._methods)
-        self.ledger = line_up(self, cycle, snapshot.ledger_rows)
-        #: each method's handler and how many params it takes, from the method table
-        self._dispatch = dispatch(self._methods)
+
+    def _restore(self, snapshot: Snapshot, keys: Keys, memory_budget: tuple[int, str]) -> None:
+        """What memory holds, from what boot read: users' leave state, cohorts, keys, the
+        board (from its checkpoint and the ledger past it), the ledger's tail of users."""
+        self.members = Members.adopt(snapshot.left, snapshot.rejoined)
+        self.cohorts = Registry(snapshot.cohorts, snapshot.next_cohort_id)
+        self.keys = keys
+        on_disk = snapshot.board
+        self.board = Board(on_disk.decay, self.clock())
+        self.budget = Budget(self.board, *memory_budget)  # bytes (0: none), as set
+        self.shelf = Shelf()
+        cohort_ids = set(self.cohorts.names())
+        restore.rebuild(self.board, self.shelf, on_disk, snapshot.ledger_tail, cohort_ids)
+        self.user_rows = UserRows(snapshot.next_block, snapshot.users_tail)
+        self.seqs = Seqs(snapshot.next_seq)
 
     @property
     def signals(self) -> int:

@@ -43,12 +43,7 @@ _SELECT_HIGH_MEMBERS: Final = _MEMBERS + " AND user_id < 0"
 def load(
     d: Dialect, keys_since_ns: int, max_keys: int, half_lives: Sequence[int], now_ns: int
 ) -> Plan[Snapshot]:
-    left: dict[int, int] = {}
-    rejoined: dict[int, int] = {}
-    for is_left, members in ((1, left), (0, rejoined)):
-        yield Fill(_SELECT_MEMBERS, (is_left,), members)
-        for uid, at in (yield Rows(_SELECT_HIGH_MEMBERS, (is_left,))):
-            members[from_db(uid)] = at
+    left, rejoined = yield from _members()
     cohorts = [
         (cid, name, msgpack.unpackb(blob, raw=False))
         for cid, name, blob in (yield Rows("SELECT id, name, predicate FROM cohorts ORDER BY id"))
@@ -57,6 +52,56 @@ def load(
     ((max_seq,),) = yield Rows("SELECT COALESCE(MAX(seq), 0) FROM ledger")
     meta = dict((yield Rows("SELECT key, value FROM meta")))
     watermark = int(meta.get("aggregates_seq", 0))
+    board, watermark = yield from _read_board(meta, half_lives, now_ns, watermark, rules)
+    tail = yield from _read_rows(" WHERE seq > ? ORDER BY seq", (watermark,), rules)
+    keys = yield from _keys(keys_since_ns, max_keys)
+    ((last_event,),) = yield Rows("SELECT MAX(at_ns) FROM history")  # at_ns only grows
+    last_event_id, last_feed_ns = yield from events.last(int(meta.get("last_event_id", 0)))
+    next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
+    kept = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
+    if any(rule.erase_before for rule in rules.values()):  # rows that count as gone already
+        ((erased,),) = yield Rows(_ERASED_UNDELETED)
+        kept -= erased
+    next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
+    return Snapshot(
+        left,
+        rejoined,
+        cohorts,
+        next_seq,
+        int(meta.get("next_cohort_id", 1)),
+        watermark,
+        tail,
+        keys,
+        kept,
+        max(last_event or 0, last_feed_ns),
+        next_block,
+        users_tail,
+        board,
+        last_event_id,
+        rules,
+    )
+
+
+def _members() -> Plan[tuple[dict[int, int], dict[int, int]]]:
+    """Users who left, and users who rejoined, with when."""
+    left: dict[int, int] = {}
+    rejoined: dict[int, int] = {}
+    for is_left, members in ((1, left), (0, rejoined)):
+        yield Fill(_SELECT_MEMBERS, (is_left,), members)
+        for uid, at in (yield Rows(_SELECT_HIGH_MEMBERS, (is_left,))):
+            members[from_db(uid)] = at
+    return left, rejoined
+
+
+def _read_board(
+    meta: dict[str, Any],
+    half_lives: Sequence[int],
+    now_ns: int,
+    watermark: int,
+    rules: dict[int, Rule],
+) -> Plan[tuple[BoardRows, int]]:
+    """The board as its checkpoint holds it (or a database from before, as its tables
+    did), and the watermark it stands at."""
     legacy = bool(
         (yield Rows("SELECT 1 FROM aggregates LIMIT 1"))
         or (yield Rows("SELECT 1 FROM buckets LIMIT 1"))
@@ -87,40 +132,17 @@ def load(
     board.withdrawn = buckets.withdrawn(
         (yield Rows("SELECT data FROM withdrawals ORDER BY id")), decay
     )
-    tail = yield from _read_rows(" WHERE seq > ? ORDER BY seq", (watermark,), rules)
-    newest_keys = yield Rows(
+    return board, watermark
+
+
+def _keys(since_ns: int, most: int) -> Plan[OrderedDict[str, tuple[int, bool, int, int | None]]]:
+    """The idempotency keys still in the window, the newest ``most``, oldest first."""
+    newest = yield Rows(
         "SELECT key, seq, forwarded, ts_ns FROM signal_keys WHERE ts_ns >= ?"
         " ORDER BY ts_ns DESC LIMIT ?",
-        (keys_since_ns, max_keys),
+        (since_ns, most),
     )
-    keys = OrderedDict(
-        (key, (seq, bool(fwd), ts, None)) for key, seq, fwd, ts in reversed(newest_keys)
-    )
-    ((last_event,),) = yield Rows("SELECT MAX(at_ns) FROM history")  # at_ns only grows
-    last_event_id, last_feed_ns = yield from events.last(int(meta.get("last_event_id", 0)))
-    next_seq = max(int(max_seq) + 1, int(meta.get("next_seq", 1)), watermark + 1)
-    kept = next_seq - 1 - int(meta.get("ledger_deleted", 0))  # every seq was a row once
-    if any(rule.erase_before for rule in rules.values()):  # rows that count as gone already
-        ((erased,),) = yield Rows(_ERASED_UNDELETED)
-        kept -= erased
-    next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
-    return Snapshot(
-        left,
-        rejoined,
-        cohorts,
-        next_seq,
-        int(meta.get("next_cohort_id", 1)),
-        watermark,
-        tail,
-        keys,
-        kept,
-        max(last_event or 0, last_feed_ns),
-        next_block,
-        users_tail,
-        board,
-        last_event_id,
-        rules,
-    )
+    return OrderedDict((key, (seq, bool(fwd), ts, None)) for key, seq, fwd, ts in reversed(newest))
 
 
 def load_node(half_lives: Sequence[int], now_ns: int, first_seq: int) -> Plan[Snapshot]:
