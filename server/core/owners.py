@@ -1,4 +1,6 @@
-"""Cluster mode: which partitions this node serves, and who serves the others.
+"""Which node serves each user: on one node, this one (``Router``); in cluster mode,
+which partitions this node serves, and who serves the others (``Owners``, swapped in at
+start).
 
 One sequencer per user: a request about a user is applied only by the node that owns
 the user's partition, at the epoch it took it with. The check is here, once, beside
@@ -19,7 +21,24 @@ from tidal.protocol.refusals import Moved, Unavailable
 from .batch import Batch
 
 
-class Owners:
+class Router:
+    """Every request about a user passes ``check`` before it is applied. One node serves
+    every user: nothing is refused."""
+
+    def check(self, user_id: int, batch: Batch | None = None) -> None:
+        """Refuses a request about ``user_id`` unless this node serves it; a write passes
+        its ``batch``."""
+
+    def check_all(self, user_ids: Iterable[int], batch: Batch | None = None) -> None:
+        """``check`` for each of ``user_ids`` (a ``signal_batch``'s)."""
+
+    def wire(self) -> dict[str, Any]:
+        """``partition_map``'s answer."""
+        one = {"cluster": None, "node": None, "partitions": 1, "hash": HASH}
+        return {**one, "owners": [[None, 0]]}
+
+
+class Owners(Router):
     def __init__(self, cluster: str, node: str, partitions: int) -> None:
         self.cluster = cluster
         self.node = node  # this node's address, as it advertises it

@@ -32,8 +32,7 @@ class Changes:
     def leave(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id, purge = args  # checked and parsed at the edge (``core.edge``), as below
         batch = self._e.committer.writable()
-        if self._e.owners is not None:
-            self._e.owners.check(user_id, batch)
+        self._e.router.check(user_id, batch)
         membership = self._e.members.leave(batch, user_id, self._timeline.now())
         at = membership.left_at_ns
         assert at is not None  # a leave has its time
@@ -52,8 +51,7 @@ class Changes:
     def rejoin(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id: int = args[0]
         batch = self._e.committer.writable()
-        if self._e.owners is not None:
-            self._e.owners.check(user_id, batch)
+        self._e.router.check(user_id, batch)
         membership = self._e.members.rejoin(batch, user_id)
         if membership is not None:
             at = self._timeline.now()
@@ -66,8 +64,7 @@ class Changes:
     def purge(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id: int = args[0]
         self._e.committer.writable()  # refused now, if writes are
-        if self._e.owners is not None:  # checked again as it joins its batch (``past``)
-            self._e.owners.check(user_id)
+        self._e.router.check(user_id)  # checked again as it joins its batch (``surveys``)
         w = Withdrawal(user_id, self._e.next_seq(), erase=False)
         self._e.past.surveys.ask(w, conn, msgid, Outcome(w))
 
@@ -76,8 +73,7 @@ class Changes:
         that a stale client's later signals are gated (kept as the ledger's only)."""
         user_id: int = args[0]
         batch = self._e.committer.writable()
-        if self._e.owners is not None:
-            self._e.owners.check(user_id, batch)
+        self._e.router.check(user_id, batch)
         w = Withdrawal(user_id, self._e.next_seq(), erase=True)
         self._e.keys.erasing(batch, user_id, w.before_seq)
         saved = ""

@@ -34,7 +34,7 @@ from tidal.server.core.chunks import Shelf
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Ack, Keys
 from tidal.server.core.members import Members
-from tidal.server.core.owners import Owners
+from tidal.server.core.owners import Owners, Router
 from tidal.server.core.replies import Replier
 from tidal.server.core.rewrites import CHUNK as REWRITE_CHUNK
 from tidal.server.core.rewrites import Rewrites, Rule
@@ -87,6 +87,8 @@ class Engine:
     ) -> None:
         self.storage = storage
         self.owners = owners
+        #: who serves each user: every request about one is checked (``core.owners``)
+        self.router: Router = Router() if owners is None else owners
         self.clock = clock
         self.connections = connections
         self.reply_budget = max_reply - REPLY_ENVELOPE
@@ -133,7 +135,7 @@ class Engine:
     def _serve(self, clock: Callable[[], int], timeline: Timeline, owners: Owners | None) -> None:
         """The handlers of the method table; cluster mode: some decided against the log."""
         path = SignalPath(self.members, self.cohorts, self.keys, self.board, self.budget,
-                          self.committer, self.seqs, clock, owners)  # fmt: skip
+                          self.committer, self.seqs, clock, self.router)  # fmt: skip
         changes = Changes(self, timeline)
         ranked = Ranked(self, clock)
         reads = self._reads = Reads(self, ranked)

@@ -28,7 +28,6 @@ from tidal.protocol.limits import (
     NAME_MAX_BYTES,
     SLOT_REPLY_BYTES,
 )
-from tidal.protocol.partitions import HASH
 from tidal.protocol.refusals import ServerError
 from tidal.server.core import orders, pages, params, ranking
 from tidal.server.core.past import HistoryRead, LeftRead
@@ -59,17 +58,11 @@ class Reads:
         conn.reply(msgid, "pong")
 
     def partition_map(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        owners = self._engine.owners
-        if owners is not None:
-            conn.reply(msgid, owners.wire())
-        else:  # one node serves every user
-            one = {"cluster": None, "node": None, "partitions": 1, "hash": HASH}
-            conn.reply(msgid, {**one, "owners": [[None, 0]]})
+        conn.reply(msgid, self._engine.router.wire())
 
     def status(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         user_id: int = args[0]  # checked and parsed at the edge (``core.edge``), as below
-        if self._engine.owners is not None:
-            self._engine.owners.check(user_id)
+        self._engine.router.check(user_id)
         status = self._engine.members.status(user_id)
         self._engine.committer.answer(conn, msgid, status.wire())
 
@@ -101,8 +94,7 @@ class Reads:
         user_id, limit, after_ns = args
         most = min(MAX_HISTORY, self._engine.reply_budget // HISTORY_LINE_BYTES)
         limit = params.limit(limit, "limit", most)  # bounded by the reply budget too
-        if self._engine.owners is not None:
-            self._engine.owners.check(user_id)
+        self._engine.router.check(user_id)
         if msgid is None:
             conn.reply(None, None)
             return

@@ -13,7 +13,7 @@ from tidal.server.core.budget import Budget
 from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.members import Members
-from tidal.server.core.owners import Owners
+from tidal.server.core.owners import Owners, Router
 from tidal.server.storage.interface import Storage
 
 from .committer import Committer
@@ -31,6 +31,7 @@ class EngineState(Protocol):
     members: Members
     #: cluster mode: the partitions this node serves (None: one node serves every user)
     owners: Owners | None
+    router: Router  # ``owners`` in cluster mode
     cohorts: Registry
     keys: Keys
     aggregates: Aggregates

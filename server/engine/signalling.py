@@ -17,7 +17,7 @@ from tidal.server.core.cohorts import Registry
 from tidal.server.core.keys import Keys
 from tidal.server.core.ledger import to_db
 from tidal.server.core.members import Members
-from tidal.server.core.owners import Owners
+from tidal.server.core.owners import Router
 from tidal.server.core.replies import Replier
 from tidal.server.core.signals import SignalArgs, compact_acks, signal_batch, single_signal
 from tidal.server.core.windows import AHEAD_NS
@@ -58,17 +58,16 @@ def _ahead(where: str, at_ns: int, now_ns: int) -> None:
 class SignalPath:
     def __init__(
         self, members: Members, cohorts: Registry, keys: Keys, board: Board, budget: Budget,
-        committer: Committer, seqs: Seqs, clock: Callable[[], int], owners: Owners | None,
+        committer: Committer, seqs: Seqs, clock: Callable[[], int], router: Router,
     ) -> None:  # fmt: skip
         self._members, self._cohorts, self._keys = members, cohorts, keys
         self._board, self._budget, self._committer = board, budget, committer
-        self._seqs, self._clock, self._owners = seqs, clock, owners
+        self._seqs, self._clock, self._router = seqs, clock, router
 
     def signal(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         s = single_signal(args)
         batch = self._committer.writable()
-        if self._owners is not None:
-            self._owners.check(s.user_id, batch)
+        self._router.check(s.user_id, batch)
         now = self._clock()
         if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
             _ahead("context.at_ns", s.at_ns, now)
@@ -81,8 +80,7 @@ class SignalPath:
     def signal_batch(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         signals, compact = signal_batch(args)  # all valid, or none applied
         batch = self._committer.writable()
-        if self._owners is not None:  # all here, or none applied
-            self._owners.check_all([s.user_id for s in signals], batch)
+        self._router.check_all([s.user_id for s in signals], batch)  # all here, or none
         now = self._clock()
         for i, s in enumerate(signals):
             if s.at_ns is not None and s.at_ns > now + AHEAD_NS:
