@@ -31,12 +31,14 @@ POLL: Final = 0.2
 
 
 class Follower:
-    def __init__(self, storage: PgStorage, replica: Replica) -> None:
+    def __init__(self, storage: PgStorage, replica: Replica, wake: asyncio.Event) -> None:
+        """``wake``: set for a round now; the writer sets it too, when a batch of this
+        node's was built on cohorts another node changed (``Committer.behind``)."""
         self._storage = storage
         self._replica = replica
         self._conn: asyncpg.Connection | None = None
         self._waiting: list[asyncio.Future[None]] = []
-        self._wake = asyncio.Event()
+        self._wake = wake
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -55,10 +57,6 @@ class Follower:
         if self._conn is not None:
             await close_quietly(self._conn)
             self._conn = None
-
-    def wake(self) -> None:
-        """Read the log now: this node's batch was built on cohorts another node changed."""
-        self._wake.set()
 
     def sync(self) -> asyncio.Future[None]:
         """Done once a round that began after this call has applied the log to its end."""

@@ -131,12 +131,9 @@ class Node:
         self._engine = engine
         self._clock = clock
         self._upkeep = Upkeep(self.owners, engine, self._config, clock)
-        engine.committer.lost = self._lost
-        engine.replica.gap = self._gap
-        engine.replica.due = self._wake.set
-        self._follower = Follower(self._storage, engine.replica)
+        self._wake = engine.replica.due  # set by the replica too: a checkpoint may be due
+        self._follower = Follower(self._storage, engine.replica, engine.committer.behind)
         self._follower.start()
-        engine.committer.stale = self._follower.wake
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-cluster")
 
     async def stop(self) -> None:
@@ -150,23 +147,6 @@ class Node:
         if self._conn is not None:
             await close_quietly(self._conn)
             self._conn = None
-
-    def _gap(self, applied: int, log_id: int) -> None:
-        """The log past what this node applied is gone: it was away (paused, cut off) while
-        the others checkpointed and pruned it. It cannot catch up by the log: it stops, and
-        a restart boots it from the newest checkpoint."""
-        assert self._engine is not None
-        deposed = self._engine.committer.outage.deposed
-        if deposed is not None and not deposed.done():
-            deposed.set_result(
-                f"cluster: this node had applied the commit log to {applied}, and the next"
-                f" record kept is {log_id}: it was away while the others pruned the log;"
-                " restart it (it boots from the newest checkpoint)"
-            )
-
-    def _lost(self, parts: frozenset[int]) -> None:
-        for part in parts:
-            self.owners.owned.pop(part, None)
 
     async def _run(self) -> None:
         while not self._stopping.is_set():

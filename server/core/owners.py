@@ -32,6 +32,9 @@ class Router:
     def check_all(self, user_ids: Iterable[int], batch: Batch | None = None) -> None:
         """``check`` for each of ``user_ids`` (a ``signal_batch``'s)."""
 
+    def lost(self, parts: Iterable[int]) -> None:
+        """A commit found ``parts`` taken by another node: served here no more."""
+
     def wire(self) -> dict[str, Any]:
         """``partition_map``'s answer."""
         one = {"cluster": None, "node": None, "partitions": 1, "hash": HASH}
@@ -86,6 +89,10 @@ class Owners(Router):
                 self._unconfirmed(user_id, part)
             if batch is not None:
                 batch.parts[part] = epoch
+
+    def lost(self, parts: Iterable[int]) -> None:
+        for part in parts:
+            self.owned.pop(part, None)
 
     @staticmethod
     def _unconfirmed(user_id: int, part: int) -> NoReturn:

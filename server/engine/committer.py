@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from tidal.protocol import ErrorCode
 from tidal.server.core.batch import Batch
+from tidal.server.core.owners import Router
 from tidal.server.core.replies import NOTHING_SAVED, UNKNOWN_SAVED, Later, Replier
 from tidal.server.errors import CommitUnknown, StorageFailure
 from tidal.server.metrics import Metrics
@@ -57,8 +58,10 @@ class Committer:
         metrics: Metrics | None = None,
         hold: Callable[[bool], None] = lambda on: None,
         room: ReplyRoom,
+        router: Router,
     ) -> None:
         self._storage = storage
+        self._router = router  # cluster mode: told of partitions a commit found taken
         self.room = room
         self._cycle = cycle
         self._next_seq = next_seq  # the seq the next signal takes: where a batch starts
@@ -75,10 +78,9 @@ class Committer:
         self._rewrite_until = 0.0
         self._last_tried = False
         self._task: asyncio.Task[None] | None = None
-        #: cluster mode: told of partitions a commit found another node had taken
-        self.lost: Callable[[frozenset[int]], None] = lambda parts: None
-        #: ... and of a batch refused because another node changed what it was built on
-        self.stale: Callable[[], None] = lambda: None
+        #: set when a batch was refused because another node changed what it was built on:
+        #: cluster mode's follower, which waits on it, reads the commit log at once
+        self.behind = asyncio.Event()
         self._settling: list[tuple[Batch, asyncio.Future[None]]] = []
 
     def start(self) -> None:
@@ -275,12 +277,12 @@ class Committer:
         self._cycle.failed(batch, later, exc.outcome_unknown)
         if exc.refusal is not None:  # the database is fine: only these writes are refused
             refusals("refusal", logging.INFO, "%s", exc)
-            self.stale()
+            self.behind.set()
             refuse(self.room, (batch, later), exc.refusal)
             return
         if exc.moved:  # cluster mode: another node serves these partitions now
             log.warning("%s; this node stops serving them", exc)
-            self.lost(exc.moved)
+            self._router.lost(exc.moved)
             refuse(
                 self.room,
                 (batch, later),

@@ -106,6 +106,7 @@ class Engine:
             metrics=metrics,
             hold=hold,
             room=ReplyRoom(self.budget),
+            router=self.router,
         )
         leads = None if owners is None else (lambda: 0 in owners.owned)
         self.retention = Retention(ledger_retention, clock, self.committer, leads)

@@ -44,12 +44,22 @@ class Replica:
         self.version = 0  # cohort changes ever committed: what signals are matched against
         #: a round of the log read to its end (``cluster``); set once the node starts
         self.sync: Callable[[], asyncio.Future[None]] | None = None
-        #: told (last applied, next record kept) when the log past what this node applied
-        #: was pruned: it cannot catch up by the log (``cluster``)
-        self.gap: Callable[[int, int], None] = lambda applied, log_id: None
-        #: ... and once the log is applied to ``checkpoint_at``: a checkpoint may be due
-        self.due: Callable[[], None] = lambda: None
+        #: set once the log is applied to ``checkpoint_at``: a checkpoint may be due (the
+        #: node's tick waits on it, ``cluster``)
+        self.due = asyncio.Event()
         self.checkpoint_at = 1 << 62
+
+    def _gap(self, log_id: int) -> None:
+        """The log past what this node applied is gone: it was away (paused, cut off) while
+        the others checkpointed and pruned it. It cannot catch up by the log: it stops
+        (``Outage.deposed``), and a restart boots it from the newest checkpoint."""
+        deposed = self._engine.committer.outage.deposed
+        if deposed is not None and not deposed.done():
+            deposed.set_result(
+                f"cluster: this node had applied the commit log to {self.applied}, and the"
+                f" next record kept is {log_id}: it was away while the others pruned the log;"
+                " restart it (it boots from the newest checkpoint)"
+            )
 
     def replay(self, records: Iterable[commit_log.Row], head: int, version: int) -> int:
         """At boot: the board from every record (cohorts come from their table, as of the
@@ -112,7 +122,7 @@ class Replica:
         if log_id <= self.applied:
             return
         if log_id != self.applied + 1:  # the records between were pruned: never applied
-            self.gap(self.applied, log_id)
+            self._gap(log_id)
             return
         contributions, changes, events = commit_log.decode(row)
         built = [(c[0],) if len(c) == 1 else (c[0], commit_log.cohort(c)[1]) for c in changes]
@@ -144,7 +154,7 @@ class Replica:
             board.keep_cohorts(set(engine.cohorts.names()))
         self.applied = log_id
         if log_id >= self.checkpoint_at:
-            self.due()
+            self.due.set()
         if events:
             self._feed.applied(events)
 
