@@ -58,6 +58,7 @@ from .replica import Replica
 from .retention import Retention
 from .room import ReplyRoom
 from .signalling import Seqs, SignalPath
+from .surveys import Surveys
 from .withdrawals import Past
 
 log = logging.getLogger("tidal.engine")
@@ -111,17 +112,11 @@ class Engine:
         leads = None if owners is None else (lambda: 0 in owners.owned)
         self.retention = Retention(ledger_retention, clock, self.committer, leads)
         timeline = Timeline(snapshot.last_event_ns, clock)  # of history lines and events
-        self.past = Past(
-            storage,
-            self.committer,
-            Rewrites(snapshot.rules, rewrite_chunk),
-            lambda: self.board.decay,
-            clock,
-            self.keys,
-            self.user_rows,
-            timeline,
-            owners,
-        )
+        surveys = Surveys(
+            storage, self.committer, Rewrites(snapshot.rules, rewrite_chunk),
+            lambda: self.board.decay, clock, self.keys, self.user_rows, timeline, owners,
+        )  # fmt: skip
+        self.past = Past(surveys, self.keys, self.user_rows, owners)
         # cluster mode: the events of every node's commits, from the log (``logged_feed``)
         self.feed = (Feed if owners is None else LoggedFeed)(
             snapshot.last_event_id, self.committer, clock,

@@ -14,13 +14,10 @@ from collections.abc import Callable
 from tidal.server.core.batch import Batch
 from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
-from tidal.server.core.rewrites import Rewrite, Rewrites, Rewritten, Rule
-from tidal.server.core.timeline import Timeline
+from tidal.server.core.rewrites import Rewrite, Rewritten, Rule
 from tidal.server.core.userrows import UserRows
 from tidal.server.logs import Throttle
-from tidal.server.storage.interface import Storage
 
-from .committer import Committer
 from .surveys import Surveys
 
 log = logging.getLogger("tidal.engine")
@@ -32,26 +29,15 @@ _withdrawals = Throttle(log, interval=1.0)
 
 class Past:
     def __init__(
-        self,
-        storage: Storage,
-        committer: Committer,
-        rewrites: Rewrites,
-        decay: Callable[[], list[tuple[int, int]]],
-        clock: Callable[[], int],
-        keys: Keys,
-        user_rows: UserRows,
-        timeline: Timeline,
-        owners: Owners | None = None,
+        self, surveys: Surveys, keys: Keys, user_rows: UserRows, owners: Owners | None = None
     ) -> None:
-        self.rewrites = rewrites
+        #: the withdrawals read, not yet in a batch: asked for, surveyed, joining one
+        self.surveys = surveys
+        self.rewrites = surveys.rewrites
         self._keys = keys
         self._user_rows = user_rows
         self._owners = owners
-        #: the withdrawals read, not yet in a batch: asked for, surveyed, joining one
-        self.surveys = Surveys(
-            storage, committer, rewrites, decay, clock, keys, user_rows, timeline, owners
-        )
-        self._loaded(rewrites.rules)
+        self._loaded(self.rewrites.rules)
 
     def start(self) -> None:
         self.surveys.start()
