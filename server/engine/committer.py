@@ -100,7 +100,9 @@ class Committer:
 
     def writable(self) -> Batch:
         """The open batch, for a write; refused for good after a commit failed for good."""
-        self.outage.check_writable()
+        outage = self.outage
+        if outage.failed_for_good is not None or outage.unknown is not None:
+            outage.check_writable()  # raises: what the checks inline look for, said once
         return self.open
 
     def ack(self, conn: Replier, msgid: int | None, result: Any) -> None:
