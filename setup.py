@@ -37,8 +37,8 @@ COMPILED = {
         "reload", "replies", "restore", "signals", "sliding", "sums", "tallies", "windows",
     ],
     "server/engine": [
-        "changes", "committer", "delivery", "engine", "health", "outage", "ranked", "reads",
-        "signalling",
+        "changes", "committer", "cycle", "delivery", "engine", "health", "outage",
+        "participants", "ranked", "reads", "signalling",
     ],
 }  # fmt: skip
 PACKAGES = ("server", "protocol", "client", "cli", "testing")

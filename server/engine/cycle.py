@@ -11,14 +11,24 @@ parts: adding one (consumer groups, say) is a class and a place in the list.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tidal.server.core.batch import Batch
 from tidal.server.storage.sqlbulk import Begin, Commit, Dialect, Plan, Rows
 
+T = TypeVar("T")
 
+try:  # compiled with mypyc (``setup.py``): its own decorator, read as it compiles
+    from mypy_extensions import mypyc_attr
+except ImportError:  # pure Python, or mypy_extensions not installed: a no-op
+
+    def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[T], T]:
+        return lambda cls: cls
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # the feed's, cluster mode's, tests'
 class Participant:
     """One part of the commit cycle. Every step does nothing unless the part has something
     to do in it; ``plan`` runs on the storage's thread (SQLite), so it reads the batch and
