@@ -185,3 +185,8 @@ def redis_run(
 
 
 # -- the runs ---------------------------------------------------------------
+
+
+def requests_for(clients: int, pipeline: int, scale: float) -> int:
+    base = 4_000 if clients * pipeline == 1 else 60_000
+    return max(1_000, int(base * scale))

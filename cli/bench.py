@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import os
 import random
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import msgpack
@@ -27,28 +25,8 @@ import msgpack
 from . import resp as resp_wire
 from .cleanup import Made, clean_up
 from .pipeline import Load
+from .results import BenchResult, result_of
 from .workload import BATCHES, COHORT, USER_BASE, WORKLOADS, BenchConfig, made, requests
-
-
-@dataclass(frozen=True, slots=True)
-class BenchResult:
-    workload: str
-    clients: int
-    pipeline: int
-    requests: int
-    signals: int
-    errors: int
-    seconds: float
-    requests_per_s: float
-    signals_per_s: float
-    p50_ms: float
-    p99_ms: float
-    p999_ms: float
-    #: the server's CPU time (user + system) per signal, or per request for other
-    #: workloads, in microseconds; None without ``server_pid``
-    server_cpu_us: float | None = None
-    #: stopped by Ctrl-C: the figures are of the requests answered until then
-    interrupted: bool = False
 
 
 async def _setup(cfg: BenchConfig) -> tuple[BenchConfig, bool]:
@@ -102,13 +80,6 @@ def _held(ledger_rows: int, left: Any, cohorts: dict[str, Any]) -> str:
     if cohorts:
         held.append(f"{len(cohorts)} cohorts")
     return ", ".join(held)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, int(q * len(sorted_values)))
-    return sorted_values[index] * 1000
 
 
 async def run(cfg: BenchConfig, progress: Callable[[int, int], None] | None = None) -> BenchResult:
@@ -182,7 +153,7 @@ async def measure(
     if lost and not interrupted:
         raise ConnectionError(f"{len(lost)} connections lost during the run: {lost[0]}")
     users.update(_written(conns, writes))
-    result = _result(cfg, conns, latencies, answered, seconds, cpu, interrupted)
+    result = result_of(cfg, conns, latencies, answered, seconds, cpu, interrupted)
     return result, Made(frozenset(users), cohort)
 
 
@@ -213,41 +184,6 @@ def _encoded(
         else:
             queues[slot].append(resp_wire.equivalent(sha, method, params)[0])
     return queues, writes
-
-
-def _result(
-    cfg: BenchConfig,
-    conns: list[Load],
-    latencies: list[float],
-    answered: int,
-    seconds: float,
-    cpu: float,
-    interrupted: bool,
-) -> BenchResult:
-    latencies.sort()
-    signals_per_request = (
-        cfg.batch_size
-        if cfg.workload in BATCHES
-        else {"signal": 1, "mixed": 0.95}.get(cfg.workload, 0)
-    )
-    signals = int(answered * signals_per_request)
-    server_cpu_us = round(cpu / (signals or answered or 1) * 1e6, 2) if cfg.server_pid else None
-    return BenchResult(
-        workload=cfg.workload,
-        clients=cfg.clients,
-        pipeline=cfg.pipeline,
-        requests=answered,
-        signals=signals,
-        errors=sum(c.errors for c in conns),
-        seconds=round(seconds, 4),
-        requests_per_s=round(answered / seconds, 1),
-        signals_per_s=round(signals / seconds, 1),
-        p50_ms=round(_percentile(latencies, 0.5), 3),
-        p99_ms=round(_percentile(latencies, 0.99), 3),
-        p999_ms=round(_percentile(latencies, 0.999), 3),
-        server_cpu_us=server_cpu_us,
-        interrupted=interrupted,
-    )
 
 
 async def _until(finished: asyncio.Event) -> bool:
@@ -283,32 +219,3 @@ async def _report(conns: list[Load], total: int, progress: Callable[[int, int], 
     while True:
         progress(sum(c.answered for c in conns), total)
         await asyncio.sleep(0.2)  # a display refresh, not synchronisation
-
-
-def progress_bar(done: int, total: int) -> None:
-    width = 40
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
-
-
-def format_result(result: BenchResult, as_json: bool) -> str:
-    if as_json:
-        return json.dumps(asdict(result))
-    r = result
-    lines = [
-        f"workload {r.workload}: {r.clients} clients x {r.pipeline} pipelined,"
-        f" {r.requests} requests",
-        f"  {r.requests_per_s:,.0f} requests/s"
-        + (f", {r.signals_per_s:,.0f} signals/s" if r.signals else ""),
-        f"  latency p50 {r.p50_ms:.3f} ms, p99 {r.p99_ms:.3f} ms, p99.9 {r.p999_ms:.3f} ms",
-        f"  {r.errors} errors, {r.seconds:.2f} s",
-    ]
-    if r.interrupted:
-        lines.insert(0, f"interrupted (Ctrl-C): the {r.requests} requests answered until then")
-    if r.server_cpu_us is not None:
-        per = "signal" if r.signals else "request"
-        lines.append(f"  server CPU {r.server_cpu_us:.2f} µs per {per}")
-    return "\n".join(lines)

@@ -122,6 +122,7 @@ def backup(args: argparse.Namespace) -> int:
 
 def bench(args: argparse.Namespace) -> int:
     from . import bench as load
+    from . import results as shown
     from .cleanup import clean_up
     from .workload import COHORT, BenchConfig
 
@@ -143,7 +144,7 @@ def bench(args: argparse.Namespace) -> int:
         allow_data=args.allow_data,
         keep=args.keep,
     )
-    progress = load.progress_bar if sys.stderr.isatty() and not args.json else None
+    progress = shown.progress_bar if sys.stderr.isatty() and not args.json else None
     try:
         result, made = _uvloop_run(load.measure(cfg, progress))
     except (OSError, ValueError) as exc:
@@ -152,13 +153,13 @@ def bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # before the clock started
         print("tidal bench: interrupted (Ctrl-C); nothing measured", file=sys.stderr)
         return 130
-    print(load.format_result(result, args.json), flush=True)  # at once, before the clean-up
+    print(shown.format_result(result, args.json), flush=True)  # at once, before the clean-up
     status = 130 if result.interrupted else 1 if result.errors else 0
     if cfg.redis_sha is None and not cfg.keep:
         print(f"tidal bench: cleaning up {len(made.users):,} users...", file=sys.stderr)
         try:
-            shown = load.progress_bar if sys.stderr.isatty() else None
-            said = _uvloop_run(clean_up(cfg, made, shown))
+            bar = shown.progress_bar if sys.stderr.isatty() else None
+            said = _uvloop_run(clean_up(cfg, made, bar))
         except KeyboardInterrupt:
             print(
                 "\ntidal bench: clean-up interrupted; its users (ids from 2**48) and cohort"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal import cli
+from tidal.cli.parser import tidal_parser
 from tidal.server.storage.sqlite.sqlite_schema import SCHEMA_VERSION
 
 from .conftest import Database, ServerProcess, tmpfs
@@ -279,7 +279,7 @@ def command_lines(parser: argparse.ArgumentParser) -> Iterator[list[str]]:
                 yield from ([name, *words] for words in command_lines(sub))
 
 
-@pytest.mark.parametrize("words", [" ".join(w) for w in command_lines(cli._parser()[0])])
+@pytest.mark.parametrize("words", [" ".join(w) for w in command_lines(tidal_parser()[0])])
 def test_every_command_help_exits_0(words: str) -> None:
     """Generated from the parser: a command added later is covered as it is added."""
     done = tidal(*words.split(), "--help")
