@@ -31,19 +31,18 @@ POLL: Final = 0.2
 
 
 class Follower:
-    def __init__(self, storage: PgStorage, replica: Replica, wake: asyncio.Event) -> None:
-        """``wake``: set for a round now; the writer sets it too, when a batch of this
-        node's was built on cohorts another node changed (``Committer.behind``)."""
+    def __init__(self, storage: PgStorage, replica: Replica) -> None:
         self._storage = storage
         self._replica = replica
         self._conn: asyncpg.Connection | None = None
-        self._waiting: list[asyncio.Future[None]] = []
-        self._wake = wake
+        #: set for a round now: by a read that waits for one, or by the writer, when a batch
+        #: of this node's was built on cohorts another node changed (``Replica.wanted``)
+        self._wake = replica.wanted
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._replica.sync = self.sync
+        self._replica.following = True
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-follower")
 
     async def stop(self) -> None:
@@ -51,24 +50,18 @@ class Follower:
         self._wake.set()
         if self._task is not None:
             await self._task
-        for waiting in self._waiting:
+        self._replica.following = False
+        for waiting in self._replica.round_begins():
             if not waiting.done():
                 waiting.set_exception(Unavailable("stopping: this node is shutting down"))
         if self._conn is not None:
             await close_quietly(self._conn)
             self._conn = None
 
-    def sync(self) -> asyncio.Future[None]:
-        """Done once a round that began after this call has applied the log to its end."""
-        done = asyncio.get_running_loop().create_future()
-        self._waiting.append(done)
-        self._wake.set()
-        return done
-
     async def _run(self) -> None:
         while not self._stopping:
             self._wake.clear()  # a wake from here on asks for another round
-            waiting, self._waiting = self._waiting, []
+            waiting = self._replica.round_begins()
             try:
                 await self._round()
             except Exception as exc:

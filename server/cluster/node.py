@@ -132,7 +132,7 @@ class Node:
         self._clock = clock
         self._upkeep = Upkeep(self.owners, engine, self._config, clock)
         self._wake = engine.replica.due  # set by the replica too: a checkpoint may be due
-        self._follower = Follower(self._storage, engine.replica, engine.committer.behind)
+        self._follower = Follower(self._storage, engine.replica)
         self._follower.start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="tidal-cluster")
 

@@ -42,8 +42,12 @@ class Replica:
         self._clock = clock
         self.applied = 0  # the last log id applied
         self.version = 0  # cohort changes ever committed: what signals are matched against
-        #: a round of the log read to its end (``cluster``); set once the node starts
-        self.sync: Callable[[], asyncio.Future[None]] | None = None
+        #: reads that span users, each waiting for a round of the log, read to its end, that
+        #: began after it came; the follower (``cluster``) reads the log at once when this
+        #: is set (the writer sets it too: ``Committer.behind``), and resolves them
+        self.wanted = engine.committer.behind
+        self._waiting: list[asyncio.Future[None]] = []
+        self.following = False  # set once the follower runs: until then none waits
         #: set once the log is applied to ``checkpoint_at``: a checkpoint may be due (the
         #: node's tick waits on it, ``cluster``)
         self.due = asyncio.Event()
@@ -60,6 +64,12 @@ class Replica:
                 f" next record kept is {log_id}: it was away while the others pruned the log;"
                 " restart it (it boots from the newest checkpoint)"
             )
+
+    def round_begins(self) -> list[asyncio.Future[None]]:
+        """The follower begins a round: the reads it answers once it has read the log to
+        its end (their futures, for it to resolve, or to fail if the round does)."""
+        waiting, self._waiting = self._waiting, []
+        return waiting
 
     def replay(self, records: Iterable[commit_log.Row], head: int, version: int) -> int:
         """At boot: the board from every record (cohorts come from their table, as of the
@@ -172,10 +182,12 @@ class Replica:
         """``handler``, once the log has been read to its end after the request came."""
 
         def after_sync(conn: Replier, msgid: int | None, args: list[Any]) -> None:
-            if msgid is None or self.sync is None:
+            if msgid is None or not self.following:
                 handler(conn, msgid, args)
                 return
-            done = self.sync()
+            done = asyncio.get_running_loop().create_future()
+            self._waiting.append(done)
+            self.wanted.set()
             conn.hold(True)  # its later requests wait: it answers as of its place among them
 
             def answer(_: asyncio.Future[None]) -> None:
