@@ -21,7 +21,7 @@ from tidal.server.storage.sqlbulk import Begin, Commit, Dialect, Plan, Rows
 T = TypeVar("T")
 
 try:  # compiled with mypyc (``setup.py``): its own decorator, read as it compiles
-    from mypy_extensions import mypyc_attr
+    from mypy_extensions import mypyc_attr as mypyc_attr
 except ImportError:  # pure Python, or mypy_extensions not installed: a no-op
 
     def mypyc_attr(*attrs: str, **kwattrs: object) -> Callable[[T], T]:

@@ -22,11 +22,12 @@ from tidal.server.storage import plans
 from tidal.server.storage.sqlbulk import Dialect, Plan
 
 from .committer import Committer
-from .cycle import Participant
+from .cycle import Participant, mypyc_attr
 from .retention import Retention
 from .withdrawals import Past
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # cluster mode's ``LoggedLedger``
 class Ledger(Participant):
     """Every signal's row, and the idempotency keys it used; what the ledger holds. The
     seqs are the signal path's (``Engine.next_seq``): a refused batch gives its back."""
