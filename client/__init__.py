@@ -2,6 +2,7 @@
 
 from .client import Client
 from .cluster import ClusterClient, PartlyApplied
+from .consumer import Consumer
 from .errors import (
     CallTimeout,
     ClientError,
@@ -22,9 +23,11 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .groupfeed import Delivery
 from .subscription import Subscription
 from .sync import SyncClient
 from .sync_cluster import SyncClusterClient
+from .sync_consumer import SyncConsumer
 from .types import (
     Catalog,
     Counts,
@@ -49,7 +52,9 @@ __all__ = [
     "ClusterClient",
     "ConnectFailed",
     "ConnectionLost",
+    "Consumer",
     "Counts",
+    "Delivery",
     "Event",
     "FeedEvent",
     "FeedGap",
@@ -72,6 +77,7 @@ __all__ = [
     "Subscription",
     "SyncClient",
     "SyncClusterClient",
+    "SyncConsumer",
     "Tally",
     "TidalError",
     "TooLarge",

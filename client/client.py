@@ -17,6 +17,7 @@ from . import requests
 from .addresses import Addresses, Hosts
 from .connecting import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from .connecting import Connecting, ConnectOptions
+from .consumer import Consumer
 from .errors import (
     CallTimeout,
     ConnectFailed,
@@ -25,6 +26,7 @@ from .errors import (
 )
 from .faces import AsyncFace, Commands
 from .feed import Cursor
+from .groupfeed import GroupCursor
 from .plans import Options
 from .requests import Call
 from .subscription import DEAD_AFTER, Subscription
@@ -160,6 +162,28 @@ class Client(AsyncFace, Commands):
                     moved(self._protocol)
                 if delay:
                     await asyncio.sleep(delay)  # backoff: a pace, not a synchronisation
+
+    def consume(
+        self,
+        group: str,
+        events: Iterable[str] | None = None,
+        *,
+        dead_after: float | None = DEAD_AFTER,
+    ) -> Consumer:
+        """A consumer group's share of the feed: ``async for d in client.consume("index")``
+        yields ``Delivery`` objects; ``await d.ack()`` once applied. On a connection of its
+        own, which reconnects by itself (what was not acknowledged is sent again)."""
+        cursor = GroupCursor(group, events)
+        consumer = Consumer(
+            self._dial,
+            cursor,
+            timeout=self._timeout,
+            reconnect=self._reconnect_attempts,
+            first_delay=RECONNECT_FIRST_DELAY,
+            dead_after=dead_after,
+        )
+        cursor.sender = consumer
+        return consumer
 
     def subscribe(
         self,

@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-from . import plans
+from . import group_plans, plans
 from .closing import AsyncClosing, Closing
 from .plans import Options, Plan
 from .requests import Call
@@ -112,3 +112,11 @@ class Commands:
     stats = command(plans.stats)
     health = command(plans.health)
     partition_map = command(plans.partition_map)
+    group_create = command(group_plans.group_create)
+    group_drop = command(group_plans.group_drop)
+    group_reset = command(group_plans.group_reset)
+    groups = command(group_plans.groups)
+    dead_letters = command(group_plans.dead_letters)
+    redeliver = command(group_plans.redeliver)
+    receipt = command(group_plans.receipt)
+    unconfirmed = command(group_plans.unconfirmed)

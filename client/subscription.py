@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 from tidal.protocol import Notification
 
 from .closing import AsyncClosing
+from .errors import ConnectionLost
 from .feed import CLOSED, DEAD_AFTER, Cursor, Following
 from .transport import ClientProtocol, close_transport, request
 from .types import FeedEvent
@@ -88,6 +89,14 @@ class Subscription(Following, AsyncClosing):
         if protocol is not None:
             protocol.notified = None
             close_transport(protocol)
+
+    async def call(self, method: str, params: list[Any]) -> Any:
+        """A request on this subscription's own connection (a group's ``ack``, which only
+        the connection an event was delivered on may send)."""
+        protocol = self._protocol
+        if protocol is None or protocol.lost is not None:
+            raise ConnectionLost("this consumer's connection is gone: the event is sent again")
+        return await request(protocol, method, params, self._timeout)
 
     async def close(self) -> None:
         """Stop: the iteration ends, and its connection is closed."""

@@ -26,9 +26,11 @@ from .errors import (
 )
 from .faces import Commands, SyncFace
 from .feed import Cursor
+from .groupfeed import GroupCursor
 from .plans import Options
 from .requests import Call
 from .subscription import DEAD_AFTER
+from .sync_consumer import SyncConsumer
 from .sync_subscription import SyncSubscription
 
 
@@ -107,6 +109,27 @@ class SyncClient(SyncFace, Commands):
                         self._link.drop()  # the next call dials the one that serves
                 if delay:
                     time.sleep(delay)  # backoff: this client blocks by design
+
+    def consume(
+        self,
+        group: str,
+        events: Iterable[str] | None = None,
+        *,
+        dead_after: float | None = DEAD_AFTER,
+    ) -> SyncConsumer:
+        """A consumer group's share of the feed, as a blocking iterator of ``Delivery``
+        objects (``d.ack()`` once applied); the same as ``Client.consume``."""
+        cursor = GroupCursor(group, events)
+        consumer = SyncConsumer(
+            self._new_link,
+            cursor,
+            timeout=self._timeout,
+            reconnect=self._reconnect_attempts,
+            first_delay=RECONNECT_FIRST_DELAY,
+            dead_after=dead_after,
+        )
+        cursor.sender = consumer
+        return consumer
 
     def subscribe(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from .blocking import Link
 from .closing import Closing
@@ -72,6 +72,17 @@ class SyncSubscription(Following, Closing):
         link, self._link = self._link, None
         if link is not None:
             link.drop()
+
+    def call(self, method: str, params: list[Any]) -> Any:
+        """A request on this subscription's own socket (a group's ``ack``)."""
+        link = self._link
+        if link is None or link.sock is None:
+            raise ConnectionLost("this consumer's connection is gone: the event is sent again")
+        try:
+            return link.roundtrip(method, params, self._timeout, self._inbox.append)
+        except ConnectionLost:
+            self._drop()
+            raise
 
     def close(self) -> None:
         self._closed = True

@@ -87,6 +87,7 @@ class RemoteProtocolError(ProtocolError):
 UNAVAILABLE_KINDS: Final = ("starting", "standby", "retry", "full", "stopping")
 _MOVED: Final = re.compile(r"moved: (?:user (\d+) is in partition (\d+), )?.*served by (\S+)$")
 _OLDEST: Final = re.compile(r"the oldest kept is (\d+)")
+_LOST: Final = re.compile(r"^group (?:'.*'|\".*\") lost events (\d+)\.\.(\d+):")
 
 
 def error_data(code: int, message: str) -> dict[str, Any]:
@@ -94,8 +95,8 @@ def error_data(code: int, message: str) -> dict[str, Any]:
     (PROTOCOL.md), so that no client reads it from the message: error 2's ``kind``;
     ``moved``'s ``owner`` (``host:port``, or nil while no node serves the partition), with
     ``user_id`` and ``partition`` where one user was refused; a lost feed cursor's
-    ``oldest`` kept event id. Every such message is written by tidal in one form, which
-    this reads."""
+    ``oldest`` kept event id; the range of events a consumer group ``lost``. Every such
+    message is written by tidal in one form, which this reads."""
     if code == ErrorCode.UNAVAILABLE:
         head = message.split(":", 1)[0]
         return {"kind": head if head in UNAVAILABLE_KINDS else "unavailable"}
@@ -107,4 +108,6 @@ def error_data(code: int, message: str) -> dict[str, Any]:
         return data
     if code == ErrorCode.INVALID_PARAMS and (oldest := _OLDEST.search(message)) is not None:
         return {"oldest": int(oldest[1])}
+    if code == ErrorCode.INVALID_PARAMS and (lost := _LOST.match(message)) is not None:
+        return {"lost": [int(lost[1]), int(lost[2])]}
     return {}

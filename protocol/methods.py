@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Final
 
 from . import schemas as s
+from .group_methods import GROUPS
 from .method import REQUIRED as REQUIRED
 from .method import Method as Method
 from .method import Param as Param
@@ -159,9 +160,17 @@ TABLE: Final[tuple[Method, ...]] = (
     ),
     Method(
         "subscribe",
-        "Sends this connection the change feed's events, from an id or from now.",
-        (Param("options", s.SUBSCRIBE_OPTIONS, "from: an event id; events: their names", {}),),
-        s.obj({"last_id": s.COUNT}, ("last_id",)),
+        "Sends this connection the change feed's events, from an id or from now; with"
+        " group, the share of a consumer group's events this connection is to acknowledge.",
+        (
+            Param(
+                "options",
+                s.SUBSCRIBE_OPTIONS,
+                "from: an event id; events: their names; group: a consumer group",
+                {},
+            ),
+        ),
+        s.obj({"last_id": s.COUNT, "group": {"type": "string"}, "cursor": s.COUNT}, ("last_id",)),
         "subscribed",
         route="log",
     ),
@@ -174,6 +183,7 @@ TABLE: Final[tuple[Method, ...]] = (
         examples=(([], False),),
     ),
     *READS,
+    *GROUPS,
 )
 
 BY_NAME: Final[dict[str, Method]] = {m.name: m for m in TABLE}

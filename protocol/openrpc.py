@@ -31,7 +31,8 @@ ERRORS: Final[dict[ErrorCode, tuple[str, str, Any]]] = {
     ErrorCode.INVALID_PARAMS: (
         "invalid params",
         "a parameter broke its rule; the message names the parameter and the rule. data:"
-        " {oldest: id} when subscribe's from is older than the events kept, else {}",
+        " {oldest: id} when subscribe's from is older than the events kept, {lost: [first,"
+        " last]} when a consumer group lost events to retention, else {}",
         {"oldest": 812},
     ),
     ErrorCode.INTERNAL_ERROR: (

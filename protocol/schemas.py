@@ -167,6 +167,7 @@ SUBSCRIBE_OPTIONS: Final[Schema] = {
         {
             "from": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
             "events": array({"enum": list(FEED_EVENTS)}, 1),
+            "group": NAME,
         }
     ),
     "type": ["object", "null"],

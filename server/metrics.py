@@ -31,6 +31,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from tidal.protocol import METHODS
 
+from .group_metrics import Groups, group_metrics
+
 
 class Backend(Protocol):
     @property
@@ -79,6 +81,9 @@ class Engine(Protocol):
 
     @property
     def budget(self) -> Budget: ...
+
+    @property
+    def groups(self) -> Groups: ...
 
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -191,6 +196,7 @@ class _Collector(Collector):
         yield GaugeMetricFamily("tidal_connections", "Open connections.", value=m.connections())
         yield from _memory(engine)
         yield from _users(engine)
+        yield from group_metrics(engine.groups if engine else None)
 
 
 def _traffic(m: Metrics, signals: int, forwarded: int) -> Iterator[Metric]:

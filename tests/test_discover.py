@@ -16,6 +16,7 @@ ranks by, a cursor must be one it made) is named below, with why.
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import subprocess
@@ -48,6 +49,18 @@ STATEFUL = [
     ("signal", "at_ns"),  # at most 5 minutes ahead of the server's clock
     ("signal_batch", "at_ns"),
     ("define_cohort", "is changing already"),
+    # consumer groups: a group must exist (or not, to be made), an id be pending to this
+    # connection, a start be an event id given already
+    ("group_create", "exists already"),
+    ("group_create", "past the last event id"),
+    ("group_reset", "past the last event id"),
+    *[
+        (m, "no group named")
+        for m in ("group_drop", "group_reset", "dead_letters", "redeliver", "unconfirmed")
+    ],
+    ("ack", "consumes no group"),
+    ("nack", "consumes no group"),
+    ("redeliver", "no dead letter"),
     # rules between params, or between an options map's keys, that OpenRPC cannot declare
     # (each param has a schema of its own): PROTOCOL.md says them in words
     ("top", "name: must be a string"),  # a cohort's or community's name; nil for the ledger
@@ -130,12 +143,14 @@ def strategy(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         return st.integers(int(low), int(high))
     if kind == "number":
         return st.one_of(
-            st.integers(int(low), int(high)),
+            st.integers(math.ceil(low), math.floor(high)),
             st.floats(
                 schema.get("minimum"), schema.get("maximum"), allow_nan=False, allow_infinity=False
             ),
         )
     if kind == "string":
+        if "pattern" in schema:
+            return st.from_regex(schema["pattern"], fullmatch=True)
         if schema.get("x-msgpack") == "bin":
             return st.binary(max_size=64)
         size = {"min_size": schema.get("minLength", 0), "max_size": schema.get("maxLength", 40)}
@@ -149,7 +164,8 @@ def strategy(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
             return st.integers(least, cut).flatmap(
                 lambda n: st.tuples(*(strategy(i) for i in items[:n])).map(list)
             )
-        return st.lists(strategy(items), min_size=least, max_size=min(most or 4, 4))
+        unique = bool(schema.get("uniqueItems"))
+        return st.lists(strategy(items), min_size=least, max_size=min(most or 4, 4), unique=unique)
     if kind == "object":
         properties = schema.get("properties", {})
         required = set(schema.get("required", ()))

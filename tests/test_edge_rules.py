@@ -164,7 +164,7 @@ def test_the_edge_completes_params_with_the_table_defaults_parsed() -> None:
     assert edges["leave"].parse([7]) == [7, False]
     assert edges["leave"].parse([7, {"purge": True}]) == [7, True]
     assert edges["history"].parse([2**64 - 1]) == [2**64 - 1, 100, 0]
-    assert edges["subscribe"].parse([]) == [(None, None)]
+    assert edges["subscribe"].parse([]) == [(None, None, None)]  # from, events, group
     assert edges["left_users"].parse([None]) == [None, 1000]
     with pytest.raises(InvalidParams) as refused:  # its message is the reply's, as it reads
         edges["left_users"].parse([-1])

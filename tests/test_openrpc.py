@@ -175,6 +175,28 @@ async def test_a_client_generated_from_the_document_drives_every_method(server: 
     assert (await c.call("top", "community", "jazz", "view"))["entities"][0]["entity"] == "song"
     assert (await c.call("subscribe", {"from": 0}))["last_id"] >= 5
     assert await c.call("unsubscribe") is True
+    assert (await c.call("group_create", "g", {"from": 0, "ack_wait": "1h"}))["cursor"] == 0
+    assert (await c.call("subscribe", {"group": "g"}))["group"] == "g"
+
+    async def out() -> int:  # the group sends with the next commit: its state says when
+        for _ in range(500):
+            if (pending := (await c.call("groups"))[0]["pending"]) > 0:
+                return int(pending)
+            await asyncio.sleep(0.01)
+        raise AssertionError("the group never sent its events")
+
+    await out()
+    left = (await c.call("receipt", 1))["optouts"][0]["id"]  # user 1's leave
+    assert await c.call("nack", [left], {"dead": True, "reason": "x"}) == {"nacked": 1, "dead": 1}
+    assert (await c.call("dead_letters", "g"))["dead_letters"][0]["reason"] == "x"
+    assert await c.call("redeliver", "g", [left]) == {"redelivered": 1}
+    await out()
+    assert (await c.call("ack", [left]))["acked"] == 1
+    assert (await c.call("receipt", 1))["optouts"][0]["groups"]["g"]["state"] == "acknowledged"
+    assert 3 in [u["user_id"] for u in (await c.call("unconfirmed"))["users"]]
+    assert (await c.call("group_reset", "g"))["cursor"] >= 5
+    assert await c.call("unsubscribe") is True
+    assert await c.call("group_drop", "g") is True
     assert (await c.call("partition_map"))["partitions"] == 1
     assert (await c.call("stats"))["signals"] == 5
     assert (await c.call("health"))["status"] == "ok"

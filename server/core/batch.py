@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .board import Board, Changed, Key
 from .chunks import Shelf
 from .feed import Change, FeedRead
+from .group_batch import GroupWrites
 from .ledger import Row
 from .matching import Cohort
 from .replies import Replier, Undo
@@ -81,6 +82,7 @@ class Batch:
     history: list[Event] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)  # the change feed's events, in order
     feed_reads: list[FeedRead] = field(default_factory=list)  # pages subscribers replay
+    groups: GroupWrites | None = None  # the consumer groups' (``engine.consumers``)
     #: feed retention: (events before at_ns, through this id at most; see ``engine.publisher``)
     retire_events: tuple[int, int] | None = None
     retire: tuple[int, int] | None = None  # ledger retention: (rows before ts_ns, at most)
@@ -119,4 +121,10 @@ class Batch:
             or self.retire is not None
             or self.retire_events is not None
             or self.rewrite is not None
+            or self.groups is not None
         )
+
+    def group_writes(self) -> GroupWrites:
+        if self.groups is None:
+            self.groups = GroupWrites()
+        return self.groups

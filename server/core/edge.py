@@ -20,12 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from tidal.protocol import group_schemas as g
 from tidal.protocol import read_schemas as r
 from tidal.protocol import schemas as s
 from tidal.protocol.limits import ENTITY_MAX_BYTES, KIND_MAX_BYTES, NAME_MAX_BYTES
 from tidal.protocol.methods import BY_NAME, Method
 
-from . import pages, params
+from . import group_params, pages, params
 
 #: a param's rule: its value as sent and its name, to its parsed value (or InvalidParams)
 Rule = Callable[[Any, str], Any]
@@ -52,6 +53,12 @@ RULES: Final[dict[int, Rule]] = {
     id(s.SUBSCRIBE_OPTIONS): lambda value, where: params.subscribe_options(value),
     id(r.LAYER): pages.layer,
     id(r.CATALOG_PAGE): lambda value, where: pages.catalog_page(value),
+    id(g.GROUP_OPTIONS): group_params.group_options,
+    id(g.EVENT_IDS): group_params.event_ids,
+    id(g.NACK_OPTIONS): group_params.nack_options,
+    id(g.RESET_OPTIONS): group_params.reset_options,
+    id(g.DEAD_PAGE): group_params.dead_page,
+    id(g.UNCONFIRMED_OPTIONS): group_params.unconfirmed_options,
 }
 #: the methods whose handlers read their params as sent: the hot path's, ``top``'s (one
 #: rule for all four, ``ranking.top_request``: the name's depends on the layer), and the

@@ -209,13 +209,18 @@ def option(value: object, name: str, read: Callable[[object, str], T], default: 
     return read(given[name], f"options.{name}") if name in given else default
 
 
-def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]:
-    """``subscribe``'s options: ``from`` (replay the events after this id first) and
-    ``events`` (the names to receive; all by default)."""
+def subscribe_options(
+    value: object,
+) -> tuple[int | None, frozenset[str] | None, str | None]:
+    """``subscribe``'s options: ``from`` (replay the events after this id first),
+    ``events`` (the names to receive; all by default) and ``group`` (consume as one of a
+    consumer group, which reads from its own cursor: no ``from`` with it)."""
     where = "options"
     after: int | None = None
     names: frozenset[str] | None = None
-    for key, item in options(value, where, "subscribe", ("from", "events")).items():
+    group: str | None = None
+    given = options(value, where, "subscribe", ("from", "events", "group"))
+    for key, item in given.items():
         if key == "from":
             if type(item) is not int or not 0 <= item <= 2**63 - 1:
                 raise InvalidParams(
@@ -238,7 +243,14 @@ def subscribe_options(value: object) -> tuple[int | None, frozenset[str] | None]
                         f" {', '.join(FEED_EVENTS)}"
                     )
             names = frozenset(listed)
-    return after, names
+        elif key == "group":
+            group = text(item, f"{where}.group", NAME_MAX_BYTES)
+    if group is not None and after is not None:
+        raise InvalidParams(
+            f"{where}.from: a group reads from its own cursor; leave from out (group_reset"
+            " moves the cursor)"
+        )
+    return after, names, group
 
 
 def describe(value: object) -> str:

@@ -45,9 +45,11 @@ from tidal.server.storage.interface import Snapshot, Storage
 
 from .changes import Changes
 from .committer import Committer
+from .consumers import Groups
 from .cycle import Cycle
 from .dispatch import dispatch
 from .event_retention import EventRetention
+from .group_calls import GroupCalls
 from .handlers import served
 from .lineup import line_up
 from .logged_feed import LoggedFeed
@@ -123,6 +125,9 @@ class Engine:
             heartbeat=heartbeat, retention=event_retention,
         )  # fmt: skip
         self.event_retention = EventRetention(event_retention, self.feed, self.committer, clock)
+        # consumer groups are one node's (``group_calls``): cluster mode serves none
+        loaded = snapshot.groups if owners is None else []
+        self.groups = Groups(loaded, self.feed, self.committer, clock, heartbeat)
         self._serve(clock, timeline, owners)
         self.ledger = line_up(self, cycle, snapshot.ledger_rows)
         #: each method's handler and how many params it takes, from the method table
@@ -136,7 +141,10 @@ class Engine:
         ranked = Ranked(self, clock)
         reads = self._reads = Reads(self, ranked)
         self.health = reads.health_report
-        self._methods = served(path.signal, path.signal_batch, changes, self.feed, reads, ranked)
+        calls = GroupCalls(self.groups, self.feed, self.committer, clock, reads.beside,
+                           owners is not None)  # fmt: skip
+        self._methods = served(path.signal, path.signal_batch, changes, self.feed, reads, ranked,
+                               calls)  # fmt: skip
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
         self.replica = None
         if owners is not None:
@@ -183,6 +191,7 @@ class Engine:
         self.committer.start()
         self.retention.start()
         self.feed.start()
+        self.groups.start()
         self.event_retention.start()
         self.past.start()
 
@@ -190,6 +199,7 @@ class Engine:
         """Commit and answer everything already read, then stop the writer."""
         self.retention.stop()
         self.feed.stop()
+        self.groups.stop()
         self.event_retention.stop()
         await self.past.close()  # every withdrawal read joins a batch, or is refused
         await self.committer.close()

@@ -1,5 +1,7 @@
 """Event retention: events older than ``--event-retention`` leave the events table, a chunk
-a commit, never one a replay still has to read (``Feed.replaying_from`` bounds the chunk).
+a commit. No reader holds it back: a replay whose next events go is ended with the gap
+(``Feed._too_old``), and a consumer group that had not read them is told what it lost
+(``consumers``): the cap is the operator's, never a slow reader's.
 
 A chunk rides in a group commit like any other write; while a full chunk comes back, the
 next batch takes another, and once caught up a pass comes every tenth of the retention.
@@ -50,8 +52,8 @@ class EventRetention(Participant):
             self._timer = None
 
     def prepare(self, batch: Batch) -> None:
-        if batch.retire_events is not None:  # never an event a replay has still to read
-            batch.retire_events = (batch.retire_events[0], self._feed.replaying_from())
+        if batch.retire_events is not None:  # what committed: no reader holds it back
+            batch.retire_events = (batch.retire_events[0], self._feed.last_id)
 
     def writes(self, batch: Batch) -> bool:
         return batch.retire_events is not None

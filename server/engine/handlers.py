@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .changes import Changes
 from .dispatch import Handler, discover
+from .group_calls import GroupCalls
 from .publisher import Feed
 from .ranked import Ranked
 from .reads import Reads
@@ -14,7 +15,7 @@ from .reads import Reads
 
 def served(
     signal: Handler, signal_batch: Handler, changes: Changes, feed: Feed, reads: Reads,
-    ranked: Ranked,
+    ranked: Ranked, groups: GroupCalls,
 ) -> dict[str, Handler]:  # fmt: skip
     return {
         "signal": signal,
@@ -25,8 +26,8 @@ def served(
         "erase": changes.erase,
         "define_cohort": changes.define_cohort,
         "drop_cohort": changes.drop_cohort,
-        "subscribe": feed.subscribe,
-        "unsubscribe": feed.unsubscribe,
+        "subscribe": groups.subscribe,  # the feed's, or a group's consumer's
+        "unsubscribe": groups.unsubscribe,
         "status": reads.status,
         "counts": reads.counts,
         "cohorts": reads.cohorts,
@@ -39,5 +40,15 @@ def served(
         "health": reads.health,
         "top": ranked.top,
         "catalog": ranked.catalog,
+        "group_create": groups.group_create,
+        "group_drop": groups.group_drop,
+        "group_reset": groups.group_reset,
+        "groups": groups.groups,
+        "ack": groups.ack,
+        "nack": groups.nack,
+        "dead_letters": groups.dead_letters,
+        "redeliver": groups.redeliver,
+        "receipt": groups.receipt,
+        "unconfirmed": groups.unconfirmed,
         "rpc.discover": discover,
     }

@@ -2,16 +2,17 @@
 for one node, and for cluster mode, which swaps in its own (``clustered``) around the
 batch and for the ledger, the users and the board.
 
-    one node:  Ledger, Users, Checkpoint, Withdrawals, Retiring, Feed, EventRetention
+    one node:  Ledger, Users, Checkpoint, Withdrawals, Retiring, Feed, Groups,
+               EventRetention
     cluster:   LogHead, LoggedLedger, LoggedUsers, LoggedBoard, Withdrawals, Retiring,
-               Feed, EventRetention, LogRecord
+               Feed, Groups, EventRetention, LogRecord
 
 The order is what the statements need: the log's head first (its lock orders every
 node's commits, and events take their ids from it), the checkpoint before the rows a
 purge withdraws from the tables it wrote, the events after the withdrawals whose counts
-they carry, and event retention after them, bounded by the replays the feed still
-reads; the board before the feed pushes what it shows. A new participant (consumer
-groups, say) is a class and a place here.
+they carry, the consumer groups after the feed whose ids their sends record (and each
+user's opt-outs, for receipts), event retention after them; the board before the feed
+pushes what it shows. A new participant is a class and a place here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tidal.server.metrics import Metrics
 
 from .clustered import LoggedBoard, LoggedLedger, LoggedUsers, LogHead, LogRecord
 from .committer import Committer
+from .consumers import Groups
 from .cycle import Cycle, Participant
 from .event_retention import EventRetention
 from .participants import Checkpoint, Ledger, Retiring, Users, Withdrawals
@@ -53,6 +55,7 @@ class Parts(Protocol):
     past: Past
     retention: Retention
     feed: Feed
+    groups: Groups
     event_retention: EventRetention
     replica: Replica | None
 
@@ -75,5 +78,6 @@ def line_up(e: Parts, cycle: Cycle, ledger_rows: int) -> Ledger:
         head, tail = [LogHead(e.replica)], [LogRecord()]
     past = Withdrawals(e.past, e.committer, ledger)
     retiring = Retiring(e.retention, ledger)
-    cycle.declare([*head, ledger, users, held, past, retiring, e.feed, e.event_retention, *tail])
+    parts = [ledger, users, held, past, retiring, e.feed, e.groups, e.event_retention]
+    cycle.declare([*head, *parts, *tail])
     return ledger

@@ -10,10 +10,10 @@ back short is the last, and that batch's own events are then pushed to it live:
 nothing between replay and live is missed or sent twice.
 
 A subscriber that does not keep up is told ``lagging`` and closed: writers never wait
-for it, and what is queued for it stays bounded. Retention never deletes an event a
-replay still has to read (``event_retention``), and a replay whose reader stops reading
-is closed so too (``Subscription.stalled``): it holds retention back for seconds, not for
-ever.
+for it, and what is queued for it stays bounded; a replay whose reader stops reading is
+closed so too (``Subscription.stalled``). No subscriber holds retention back
+(``event_retention``): a replay whose next events were deleted under it is ended with
+the same error as a ``from`` too old, naming the oldest kept.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class Feed(Participant):
         self._subscribe(conn, msgid, args, synced=True)
 
     def _subscribe(self, conn: Replier, msgid: int | None, args: list[Any], synced: bool) -> None:
-        after, names = args[0]  # checked and parsed at the edge (``core.edge``)
+        after, names, _ = args[0]  # checked and parsed at the edge (``core.edge``)
         if conn in self._subs:
             raise InvalidParams("subscribe: this connection is subscribed already; unsubscribe")
         if after is not None and after > self.last_id:
@@ -129,11 +129,6 @@ class Feed(Participant):
         for change in batch.changes:
             change.id = self._next_id
             self._next_id += 1
-
-    def replaying_from(self) -> int:
-        """The oldest event a replay has still to read is past this id."""
-        waiting = [sub.position for sub in self._subs.values() if not sub.live]
-        return min(waiting, default=self.last_id)
 
     def reads(self, batch: Batch) -> Plan[None]:
         """The pages subscribers replay: what committed before this batch."""
@@ -240,8 +235,8 @@ class Feed(Participant):
         if sub.msgid is not None:
             sub.conn.reply_error(sub.msgid, ErrorCode.INVALID_PARAMS, message)
             sub.conn.flush()
-        else:  # retention keeps what a replay needs: never expected
-            log.error("replay for %s: %s", sub.conn, message)
+        else:  # retention deleted what the replay was to read next
+            log.warning("replay for %s ended: %s", getattr(sub.conn, "peer", "?"), message)
             sub.conn.end(msgpack.packb([2, "error", [int(ErrorCode.INVALID_PARAMS), message]]))
 
     def _push(self, changes: list[Change], subs: list[Subscription] | None = None) -> None:

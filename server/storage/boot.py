@@ -15,7 +15,7 @@ from tidal.server.core.restore import BoardRows, from_row
 from tidal.server.core.rewrites import GONE, Rule, reach
 from tidal.server.core.sums import aggregate_rows, bucket_rows
 
-from . import buckets, events
+from . import buckets, events, groups_sql
 from . import past_sql as storage_past
 from .interface import Snapshot
 from .sqlbulk import (
@@ -63,6 +63,7 @@ def load(
         ((erased,),) = yield Rows(_ERASED_UNDELETED)
         kept -= erased
     next_block, users_tail = yield from storage_past.catch_up_blocks(next_seq)
+    groups = yield from groups_sql.load()
     return Snapshot(
         left,
         rejoined,
@@ -79,6 +80,7 @@ def load(
         board,
         last_event_id,
         rules,
+        groups,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from tidal.server.core.restore import BoardRows
@@ -45,6 +45,8 @@ class Snapshot:
     last_event_id: int  # the change feed's: the last id given
     #: withdrawals whose rows are not all rewritten yet: user as stored -> rule
     rules: dict[int, Rule]
+    #: the consumer groups (``storage.groups_sql.load``)
+    groups: list[Any] = field(default_factory=list)
 
 
 class Storage(Protocol):

@@ -162,6 +162,47 @@ MIGRATIONS: Final[list[list[str]]] = [
         )""",
         LEDGER_COUNTED,  # the ledger as it counts, for whoever reads the database
     ],
+    [
+        # consumer groups (core/groups.py): each group's settings, cursor and
+        # the events it lost to retention; a row per event it sent (its count), acknowledged
+        # past its cursor, or dead-lettered (with the event's data); each user's latest
+        # leave, purge and erase, whose acknowledgements are the user's receipt
+        """CREATE TABLE groups (
+            name TEXT PRIMARY KEY,
+            start BIGINT NOT NULL,
+            cursor BIGINT NOT NULL,
+            ack_wait_ns BIGINT NOT NULL,
+            max_deliveries INTEGER NOT NULL,
+            wait SMALLINT NOT NULL,
+            kinds BLOB,
+            created_ns BIGINT NOT NULL,
+            lost_first BIGINT,
+            lost_last BIGINT
+        )""",
+        """CREATE TABLE group_events (
+            grp TEXT NOT NULL,
+            event_id BIGINT NOT NULL,
+            user_id BIGINT,
+            kind SMALLINT NOT NULL,
+            at_ns BIGINT NOT NULL,
+            deliveries INTEGER NOT NULL,
+            first_ns BIGINT NOT NULL,
+            state SMALLINT NOT NULL,  -- 0 pending, 1 dead letter, 2 acknowledged
+            done_ns BIGINT NOT NULL,
+            reason TEXT NOT NULL,
+            data BLOB,
+            PRIMARY KEY (grp, event_id)
+        )""",
+        "CREATE INDEX group_events_by_event ON group_events (event_id)",
+        """CREATE TABLE optouts (
+            user_id BIGINT NOT NULL,
+            kind SMALLINT NOT NULL,
+            event_id BIGINT NOT NULL,
+            at_ns BIGINT NOT NULL,
+            PRIMARY KEY (user_id, kind)
+        )""",
+        "CREATE INDEX optouts_by_time ON optouts (at_ns)",
+    ],
 ]
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

@@ -1,0 +1,91 @@
+"""What a batch carries for the consumer groups: the rows of their events and their
+cursors, as the requests and the sends of this batch left them, the groups made and
+dropped, the pages of the events table they read, and what to put back if it is refused.
+
+Requests change a group in memory at once and record its rows here as they stand (the
+last state of a row wins); the sends are decided as the writer takes the batch, so that
+an event is pushed only once its count is durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .feed import Change, FeedRead
+from .groups import Entry, Group
+
+
+class Undone:
+    """An undo made of a function: what a group request changed, put back."""
+
+    __slots__ = ("_undo",)
+
+    def __init__(self, undo: Callable[[], object]) -> None:
+        self._undo = undo
+
+    def undo(self) -> None:
+        self._undo()
+
+    @classmethod
+    def each(cls, step: Callable[[Entry], None], entries: list[Entry]) -> Undone:
+        """``step`` for each of ``entries``, the last first."""
+
+        def undo() -> None:
+            for entry in reversed(entries):
+                step(entry)
+
+        return cls(undo)
+
+
+@dataclass(slots=True, eq=False)
+class GroupPage:
+    """A page of the events table for a group behind the feed: what committed before its
+    batch (``head``). ``tail``: that batch's own events, taken once the page reached it."""
+
+    group: Group
+    read: FeedRead
+    head: int
+    epoch: int
+    tail: list[Change] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class Sent:
+    """A send decided as the writer took the batch: undone if the batch is refused."""
+
+    group: Group
+    entry: Entry
+    deliveries: int
+    first_ns: int
+    sent_ns: int
+
+
+@dataclass(slots=True)
+class GroupWrites:
+    rows: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    cursors: dict[str, int] = field(default_factory=dict)
+    #: groups made (their ``groups`` rows), dropped, and set (cursor, lost) anew
+    created: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    reset: dict[str, int] = field(default_factory=dict)
+    lost: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+    pages: list[GroupPage] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
+    #: events taken from the batch's own, by group: (the read_to before, the ids, epoch)
+    taken: list[tuple[Group, int, list[int], int]] = field(default_factory=list)
+
+    def record(self, group: Group, entry: Entry, with_data: bool = False) -> None:
+        """The event's row as it stands: (group, id, user, kind, at, deliveries, first
+        sent, state, done at, reason, data); the data kept only where the events table
+        may lose it (a dead letter, one sent back)."""
+        e, name = entry, group.name
+        self.rows[(name, e.id)] = (name, e.id, e.user, e.kind, e.at_ns, e.deliveries,
+                                   e.first_ns, e.state, e.done_ns, e.reason,
+                                   e.data if with_data else None)  # fmt: skip
+
+    def writes(self) -> bool:
+        return bool(
+            self.rows or self.cursors or self.created or self.dropped or self.reset or self.lost
+        )
