@@ -1,5 +1,5 @@
-"""``tidal``: the one console script (serve, call, status, stats, top, catalog, watch, health,
-backup, bench, cluster status).
+"""``tidal``: the one console script (serve, call, status, stats, top, catalog, watch, groups,
+receipt, health, backup, bench, cluster status).
 
 It sits above the server and the client and imports from both; neither imports it.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from tidal.server.config import Config
 
-from . import cluster, commands, tables, watch
+from . import cluster, commands, groups, tables, watch
 from .parser import tidal_parser
 from .settings import TOKEN_SEEN, Parser, resolve_token
 
@@ -62,6 +62,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return tables.top(parser, args)
     if args.command == "catalog":
         return tables.catalog(args)
+    if args.command == "groups":
+        return groups.groups(args)
+    if args.command == "receipt":
+        return groups.receipt(args)
     if args.command == "watch":
         return watch.run(parser, args)
     if args.command == "cluster":

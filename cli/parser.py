@@ -11,7 +11,7 @@ from tidal.server import kinds
 from tidal.server.kinds import Range
 from tidal.server.version import VERSION, build
 
-from . import calls, cluster, watch
+from . import calls, cluster, groups, watch
 from .settings import Parser, Settings, client_options, rule, serve_options
 from .workload import WORKLOADS
 
@@ -33,6 +33,7 @@ def tidal_parser() -> tuple[argparse.ArgumentParser, Settings]:
     _top(commands, settings)
     _catalog(commands, settings)
     client_options(settings, watch.add(commands))
+    groups.add(commands, settings)
     _health(commands, settings)
     cluster.add(commands, settings)
     _bench(commands, settings)

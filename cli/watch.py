@@ -38,6 +38,11 @@ def add(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> argpar
         "--events", help=f"only these, comma-separated: {','.join(FEED_EVENTS)} (default all)"
     )
     watch.add_argument("--json", action="store_true", help="print each event as JSON")
+    watch.add_argument(
+        "--group",
+        help="consume as one of this consumer group: its share of the events, each"
+        " acknowledged once printed (the group's cursor moves on)",
+    )
     return watch
 
 
@@ -53,6 +58,11 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"tidal watch: --tls-ca {args.tls_ca}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if args.group is not None:
+        if args.from_id is not None or events is not None:
+            parser.error("--group: a group reads from its own cursor, and takes the events"
+                         " group_create gave it: no --from or --events with it")  # fmt: skip
+        return consume(args, tls)
     last = args.from_id  # the last event printed: where a resumed feed starts
     pause = 0.0  # seconds before the next try, once the server was lost
     lost_at = 0.0
@@ -96,6 +106,33 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 return 0
         else:
             return 0
+
+
+def consume(args: argparse.Namespace, tls: ssl.SSLContext | None) -> int:
+    """``--group``: each delivery printed, with how often it was sent, then acknowledged;
+    the consumer reconnects by itself (what it had not acknowledged comes again)."""
+    from tidal.client import ServerError, SyncClient, TidalError
+
+    try:
+        with SyncClient(
+            args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls
+        ) as client, client.consume(args.group) as deliveries:  # fmt: skip
+            for d in deliveries:
+                wire = d.event.wire()
+                shown = (
+                    json.dumps({**wire, "deliveries": d.deliveries}) if args.json else line(wire)
+                )
+                print(shown if args.json else f"{shown} deliveries={d.deliveries}", flush=True)
+                d.ack()
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 0
+    except ServerError as exc:
+        print(f"tidal watch: {exc.message}", file=sys.stderr)
+        return 1
+    except TidalError as exc:
+        print(f"cannot reach tidal at {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 #: the longest pause between tries to reach a server that is away

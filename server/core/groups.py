@@ -90,11 +90,11 @@ class Group:
         return WINDOW - len(self.window)
 
     def take(self, entry: Entry) -> None:
-        """An event read from the feed, in id order; one stored as acknowledged (acked
-        out of order before a restart) passes, and one sent before keeps its count."""
+        """An event read from the feed, in id order; one stored as acknowledged (out of
+        order, before a restart) passes, and one sent before keeps its count."""
         self.read_to = entry.id
-        if not self.spec.takes(entry.kind):
-            return
+        if not self.spec.takes(entry.kind) or entry.id in self.dead or entry.id in self.revived:
+            return  # not its kind, or a dead letter (sent back or not) it holds already
         known = self.recorded.pop(entry.id, None) if self.recorded else None
         if known is not None:
             if known.state != PENDING:
