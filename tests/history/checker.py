@@ -143,6 +143,7 @@ class Checker:
         self.nodes = nodes
         self.clustered = clustered
         self.anomalies: list[tuple[float, str]] = []
+        self.sent: list[tuple[int, str, int | None]] = []
         self.left = 0  # users whose status says Left (``memberships``)
         self.users = {user: Timeline(ops) for user, ops in history.changes.items()}
 
@@ -161,6 +162,7 @@ class Checker:
         for node in self.nodes:
             await self.reads(node, list(rows.values()), names)
             events.append(await self.feed(node))
+        self.sent = events[0]  # the feed from 0, as the first node sent it
         if any(got != events[0] for got in events):
             self.wrong(0, "the nodes' feeds from 0 differ: " + ", ".join(
                 f"{len(got)} events" for got in events))  # fmt: skip

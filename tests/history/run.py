@@ -18,8 +18,10 @@ from tidal.client import Client, ConnectionLost, Unavailable
 from tidal.testing.postgres import Cluster
 
 from ..conftest import Database
+from . import group_checker
 from .checker import Checker
 from .cluster import ClusterTarget
+from .groups import GroupHistory, GroupLoad
 from .nemesis import Target
 from .record import History
 from .workload import CALL_TIMEOUT, PROBE_USERS, PROBES, Load, dial_port
@@ -51,18 +53,28 @@ class Summary:
     checks: int
     anomalies: int
     seconds: float
+    group: GroupHistory | None = None
 
     def __str__(self) -> str:
+        g = self.group
+        grouped = "" if g is None else (
+            f"; group: {len(g.deliveries)} deliveries to {g.sessions} consumer sessions"
+            f" ({g.crashes} crashed unacknowledged), {sum(a.outcome == 'ok' for a in g.acks)}"
+            f" acks of {sum(len(a.ids) for a in g.acks if a.outcome == 'ok')} events"
+        )  # fmt: skip
         return (
             f"history seed {self.seed}: {self.operations} operations ({self.acknowledged}"
             f" acknowledged, {self.unknown} of unknown outcome, {self.refused} refused,"
             f" {self.full} of them for the memory budget), {self.faults} faults,"
-            f" {self.checks} checks, {self.anomalies} anomalies, {self.seconds:.0f} s"
+            f" {self.checks} checks, {self.anomalies} anomalies, {self.seconds:.0f} s{grouped}"
         )
 
 
 async def check(
-    history: History, database: Database, target: Target | ClusterTarget
+    history: History,
+    database: Database,
+    target: Target | ClusterTarget,
+    group: GroupHistory | None = None,
 ) -> list[tuple[float, str]]:
     await target.settle()
     if isinstance(target, ClusterTarget):  # routed by user; the reads of every node checked
@@ -75,7 +87,11 @@ async def check(
             for c in readers:
                 await c.close()
     async with await Client.connect("127.0.0.1", target.port(), timeout=60) as c:
-        return await Checker(history, database, c, [c]).run()
+        checker = Checker(history, database, c, [c])
+        anomalies = await checker.run()
+        if group is not None:  # one tidal's consumer group (cluster mode serves none)
+            anomalies += await group_checker.check(group, target.port(), c, checker.sent)
+        return anomalies
 
 
 STATS = "stats.aggregates_bytes"
@@ -111,24 +127,33 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
     else:
         target = Target(database, history, *extra, pg=pg, standby=standby, disk=disk)
         load = Load(history, rng, dial_port(target.port), target.up)
+    group = None
+    if isinstance(target, Target):  # cluster mode serves no consumer group
+        group = GroupLoad(GroupHistory(), target.port, target.up, rng)
     checks = 0
     try:
         await target.start()
         for n in range(faults):
             load.start()
+            if group is not None:
+                await group.make()
+                group.start()
             await load.until(rng.randrange(50, 600))
             fault = rng.choice(target.faults(nemesis))
             await fault(rng)
             await load.until(rng.randrange(0, 100))
             await load.stop()
+            if group is not None:
+                await group.stop()
+            record = None if group is None else group.record
             try:
-                anomalies = await check(history, database, target)
+                anomalies = await check(history, database, target, record)
             except (ConnectionLost, Unavailable) as exc:
                 # its tidal let the database go meanwhile, and the standby took it: the
                 # check is made again of the one that serves now (``Target.settle``)
                 if isinstance(exc, Unavailable) and "took the database" not in str(exc):
                     raise
-                anomalies = await check(history, database, target)
+                anomalies = await check(history, database, target, record)
             checks += 1
             used, allowed = load.memory_over
             if used:
@@ -156,6 +181,8 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
         raise
     finally:
         await load.stop()
+        if group is not None:
+            await group.stop()
         await target.close()
     ops = history.ops
     return Summary(
@@ -164,5 +191,5 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
         sum(op.outcome == "fail" for op in ops),
         sum(op.outcome == "fail" and " full: " in str(op.reply) for op in ops),
         len(history.faults), checks, 0,
-        time.monotonic() - began,
+        time.monotonic() - began, None if group is None else group.record,
     )  # fmt: skip
