@@ -185,6 +185,25 @@ def _boot_targets(v: _Verdicts, results: dict[str, Any]) -> None:
             f"{feed['none']['p99_ms']:.2f} → {feed['subscribed']['p99_ms']:.2f} ms:"
             f" {feed['p99_ratio']:.2f}x ({low:.2f}-{high:.2f}, {len(feed['runs']['none'])} rounds)",
         )
+    groups = results.get("groups")
+    if groups:
+        low, high = groups["p99_ratio_range"]
+        v.target(
+            f"a leave's p99 with {groups['groups']} groups of {groups['consumers']} within 2x of"
+            " none",
+            2.0 - groups["p99_ratio"],
+            0.0,
+            f"{groups['none']['p99_ms']:.2f} → {groups['grouped']['p99_ms']:.2f} ms:"
+            f" {groups['p99_ratio']:.2f}x ({low:.2f}-{high:.2f}, {len(groups['runs']['none'])}"
+            f" rounds); {groups['cpu_us_per_ack']:.1f} µs of CPU per event acknowledged",
+        )
+        low, high = groups["signal_cpu_range"]
+        v.target(
+            "signals' CPU with groups present within 1.1x of none",
+            1.1 - groups["signal_cpu_ratio"],
+            0.0,
+            f"{groups['signal_cpu_ratio']:.2f}x ({low:.2f}-{high:.2f})",
+        )
     counts = results["counts"]
     small, large = (counts[k]["p99_ms"] for k in counts)
     large_rows = list(counts)[1]

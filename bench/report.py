@@ -9,6 +9,7 @@ from typing import Any
 from bench.cluster import cluster_report
 from bench.feed import feed_report
 from bench.goals import goals, targets
+from bench.groups import group_report
 from bench.past import past_report
 from bench.scenarios import SHAPES
 from bench.systems import PG
@@ -39,6 +40,7 @@ def report(results: dict[str, Any]) -> str:
             *_other_shapes(results),
             *past_report(results.get("past")),
             *feed_report(results.get("feed")),
+            *group_report(results.get("groups")),
             *cluster_report(results.get("cluster")),
             *_footer(),
         ]

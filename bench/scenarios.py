@@ -13,6 +13,7 @@ from typing import Any
 from bench.board import board_boot_figures
 from bench.cluster import cluster_figures
 from bench.feed import feed_figures
+from bench.groups import group_figures
 from bench.past import past_figures
 from bench.stored import boot_figures, counts_figures
 from bench.systems import (
@@ -59,6 +60,7 @@ def run_all(scale: float, repeats: int) -> dict[str, Any]:
         "counts": counts_figures(scale),
         "past": past_figures(scale),
         "feed": feed_figures(scale),
+        "groups": group_figures(scale),
         "cluster": cluster_figures(scale),
     }
 

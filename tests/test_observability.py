@@ -106,3 +106,35 @@ async def test_json_logs_one_object_a_line_and_no_token(db_path: Path) -> None:
     assert any(level == "warning" and "user_id" in m for level, m in messages)
     assert any(m.startswith("listening on") for _, m in messages)
     assert token not in "".join(m for _, m in messages)
+
+
+async def test_each_group_has_its_series(db_path: Path) -> None:
+    """Lag, pending, dead letters, redeliveries, lost events and the opt-outs unconfirmed
+    past an hour, labelled by group, as the group's state says."""
+    server = Server(Config(port=0, db=str(db_path), metrics_port=0))
+    await server.start()
+    try:
+        async with await Client.connect(*server.address) as c:
+            await c.group_create("index", ack_wait=3600)
+            await c.group_create("idle")
+            consumer = await RawPeer.open(server.address)
+            assert (await consumer.call("subscribe", {"group": "index"}))[2] is None
+            await c.leave(1)
+            await c.leave(2)
+            sent = [await consumer.receive(), await consumer.receive()]
+            assert [m[1] for m in sent] == ["event", "event"]
+            consumer.send([0, 2, "nack", [[sent[0][2][0]["id"]], {"dead": True}]])
+            assert (await consumer.receive())[2] is None
+            text = await asyncio.to_thread(scrape, server.metrics_port)
+            consumer.close()
+    finally:
+        await server.shutdown()
+    assert value(text, 'tidal_group_lag_events{group="index"}') == 1  # the one still out
+    assert value(text, 'tidal_group_pending{group="index"}') == 1
+    assert value(text, 'tidal_group_dead_letters{group="index"}') == 1
+    assert value(text, 'tidal_group_lag_events{group="idle"}') == 2
+    assert value(text, 'tidal_group_pending{group="idle"}') == 0
+    assert value(text, 'tidal_group_redeliveries_total{group="index"}') == 0
+    assert value(text, 'tidal_group_lost_events_total{group="index"}') == 0
+    assert value(text, 'tidal_group_optouts_unconfirmed{group="index"}') == 0  # not an hour old
+    assert value(text, 'tidal_group_oldest_unacked_seconds{group="index"}') >= 0
