@@ -1,17 +1,16 @@
 """A consumer group, sans-I/O: which of the feed's events it holds, which consumer each is
 out to, and what is settled (acknowledged or dead-lettered).
 
-A group reads the feed in id order into a bounded window of the events it has not
-settled (``WINDOW``); its cursor is the event before the lowest one unsettled. Each event
-is out to one consumer at most, and a user's events go to one consumer, in order: the
-consumer with one of the user's events out takes the next ones; a user with none out is
-placed by rendezvous hashing, so users spread and a consumer that joins takes a share.
-One pass (``assign``) walks the window in id order, and the first event of a user it
-cannot send (a full consumer, a delay, a dead letter ahead when the order waits) holds
-back that user's later events: per-user order is the walk's order. An event out longer
-than ``ack_wait``, or whose consumer goes, is sent again, its count raised; past
-``max_deliveries`` it is a dead letter, kept with its own copy of the event until
-``redeliver`` sends it back.
+It reads the feed in id order into a bounded window of the events it has not settled
+(``WINDOW``); its cursor is the event before the lowest one unsettled. Each event is out
+to one consumer at most, and a user's events to one consumer, in order: the consumer
+with one of the user's events out takes the next ones; a user with none out is placed by
+rendezvous hashing (users spread; a consumer that joins takes a share). One pass
+(``assign``) walks the window in id order, and the first event of a user it cannot send
+(a full consumer, a delay, a dead letter ahead when the order waits) holds back that
+user's later ones: per-user order is the walk's order. An event out past ``ack_wait``, or
+whose consumer goes, is sent again; past ``max_deliveries`` it is a dead letter, kept
+with its own copy of the event until ``redeliver`` sends it back.
 """
 
 from __future__ import annotations
@@ -139,17 +138,17 @@ class Group:
                 best, top = consumer, score
         return best
 
-    # -- sending -------------------------------------------------------------
-
     def assign(self, now: int) -> list[tuple[Entry, int, int]]:
         """The events to send now, each marked out to its consumer, in id order per user;
-        with when each was first and last sent before (to put back if refused)."""
-        if not self.consumers:
-            return []
+        with when each was first and last sent before (to put back if refused). The walk
+        ends once no consumer has room: a full window costs a pass no more than that."""
+        room = sum(len(c.out) < INFLIGHT and not c.conn.blocked() for c in self.consumers.values())
         sent: list[tuple[Entry, int, int]] = []
         held: set[int | None] = set()
         wait = self.spec.wait
         for entry in self.pending():
+            if not room:
+                break
             user = entry.user
             if entry.consumer is not None or user in held:
                 continue
@@ -162,6 +161,7 @@ class Group:
                 continue
             sent.append((entry, entry.first_ns, entry.sent_ns))
             self._send(entry, consumer, now)
+            room -= len(consumer.out) >= INFLIGHT
         return sent
 
     def _send(self, entry: Entry, consumer: Consumer, now: int) -> None:
@@ -221,8 +221,6 @@ class Group:
         """When the first event out passes ``ack_wait`` (ns), if any is out."""
         sent = [e.sent_ns for c in self.consumers.values() for e in c.out.values()]
         return min(sent) + self.spec.ack_wait_ns if sent else None
-
-    # -- settling --------------------------------------------------------------
 
     def ack(self, entry: Entry, now: int) -> None:
         self._release(entry)

@@ -101,8 +101,8 @@ class Groups(Participant):
     # -- the cycle -------------------------------------------------------------
 
     def prepare(self, batch: Batch) -> None:
-        if not self.groups:
-            return
+        if not self.groups or (batch.groups is None and not batch.changes):
+            return  # a batch of signals: nothing new for a group (``due`` marks one that has)
         now = self._clock()
         head = self._feed.last_id  # committed: one batch commits at a time
         w = batch.group_writes()
