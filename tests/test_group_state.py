@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidal.server.core import feed
-from tidal.server.core.group_parts import Spec
-from tidal.server.core.groups import Entry, Group
+from tidal.server.core.group_parts import Entry, Spec
+from tidal.server.core.groups import Group
 
 ACK_WAIT = 10
 
@@ -103,3 +103,16 @@ def check(group: Group, first_sent: dict[int, list[int]]) -> None:
         assert ids == sorted(ids), f"user {user}'s events first sent out of order: {ids}"
     cursor = group.cursor()
     assert all(i > cursor for i in group.window)
+
+
+def test_a_refused_batch_gives_its_events_back_and_leaves_nothing_to_send() -> None:
+    """Events taken from a batch whose commit failed were never committed: their ids are
+    given to later events, so nothing of them may be sent (the checker's disk-full runs
+    found them sent with no data, cutting a consumer's stream)."""
+    group = Group(Spec("g", 0, ACK_WAIT, 3, True, None, 0), 0)
+    group.join(Conn(), "peer")  # type: ignore[arg-type]
+    group.take(Entry(1, feed.LEAVE, 7, 0, b""))
+    [(entry, first, sent)] = group.assign(0)
+    group.unsend(entry, 0, first, sent)  # the send, undone
+    group.untake([1], 0)  # the event, given back
+    assert group.assign(0) == [] and group.cursor() == 0 and not group.ready

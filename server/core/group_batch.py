@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .feed import Change, FeedRead
-from .groups import Entry, Group
+from .group_parts import Entry
+from .groups import Group
 
 
 class Undone:
@@ -65,7 +66,8 @@ class Sent:
 @dataclass(slots=True)
 class GroupWrites:
     rows: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
-    cursors: dict[str, int] = field(default_factory=dict)
+    #: group -> (the cursor recorded before, the new one): the rows between may go
+    cursors: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: groups made (their ``groups`` rows), dropped, and set (cursor, lost) anew
     created: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)

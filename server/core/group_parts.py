@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from . import feed
+from .replies import Replier
 
 #: events a group holds unsettled in memory; past it the group reads on as it settles
 WINDOW: Final = 10_000
@@ -33,6 +34,39 @@ class Spec:
 
     def takes(self, kind: int) -> bool:
         return self.kinds is None or kind in self.kinds
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One event, as a group holds it."""
+
+    id: int
+    kind: int
+    user: int | None
+    at_ns: int
+    data: bytes
+    deliveries: int = 0
+    first_ns: int = 0  # first sent
+    sent_ns: int = 0  # last sent
+    not_before: int = 0  # a nack's delay
+    consumer: Consumer | None = None  # out to it, unacknowledged
+    reason: str = ""  # the last a consumer gave (nack), or why it is dead
+    done_ns: int = 0  # acknowledged or dead-lettered at
+    state: int = PENDING
+    revived: bool = False  # a dead letter sent back: held apart from the window
+
+
+class Consumer:
+    """One connection of a group: what it has out."""
+
+    __slots__ = ("conn", "key", "out", "peer", "users")
+
+    def __init__(self, conn: Replier, key: int, peer: str) -> None:
+        self.conn = conn
+        self.key = key  # its place in the hashing: unique in the group
+        self.peer = peer
+        self.out: dict[int, Entry] = {}
+        self.users: dict[int | None, int] = {}  # user -> events of theirs out here
 
 
 @dataclass(slots=True)

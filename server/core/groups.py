@@ -15,45 +15,12 @@ with its own copy of the event until ``redeliver`` sends it back.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .group_parts import ACKED, DEAD, INFLIGHT, PENDING, WINDOW, Recorded, Spec
+from .group_parts import ACKED, DEAD, INFLIGHT, PENDING, WINDOW, Consumer, Entry, Recorded, Spec
 from .replies import Replier
-
-
-@dataclass(slots=True, eq=False)
-class Entry:
-    """One event, as a group holds it."""
-
-    id: int
-    kind: int
-    user: int | None
-    at_ns: int
-    data: bytes
-    deliveries: int = 0
-    first_ns: int = 0  # first sent
-    sent_ns: int = 0  # last sent
-    not_before: int = 0  # a nack's delay
-    consumer: Consumer | None = None  # out to it, unacknowledged
-    reason: str = ""  # the last a consumer gave (nack), or why it is dead
-    done_ns: int = 0  # acknowledged or dead-lettered at
-    state: int = PENDING
-    revived: bool = False  # a dead letter sent back: held apart from the window
-
-
-class Consumer:
-    """One connection of a group: what it has out."""
-
-    __slots__ = ("conn", "group", "key", "out", "peer", "users")
-
-    def __init__(self, conn: Replier, group: Group, key: int, peer: str) -> None:
-        self.conn = conn
-        self.group = group
-        self.key = key  # its place in the hashing: unique in the group
-        self.peer = peer
-        self.out: dict[int, Entry] = {}
-        self.users: dict[int | None, int] = {}  # user -> events of theirs out here
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +35,13 @@ class Group:
     consumers: dict[Replier, Consumer] = field(default_factory=dict)
     owner: dict[int | None, Consumer] = field(default_factory=dict)
     recorded: dict[int, Recorded] = field(default_factory=dict)  # boot's, till read
+    #: what is to be sent (not out, not settled), in id order once ``unsorted`` is cleared:
+    #: a pass walks these only, not what is out
+    ready: dict[int, Entry] = field(default_factory=dict)
+    unsorted: bool = False  # an event went back among later ones
+    #: (sent at, id, event) of each send, the earliest first; a send since made stale (its
+    #: event acknowledged, or sent again) is dropped as it comes to the top
+    expiry: list[tuple[int, int, Entry]] = field(default_factory=list)
     next_key: int = 0
     saved: int = -1  # the cursor last recorded (-1: to record)
     epoch: int = 0  # raised by a reset: what was read before it is let go of
@@ -100,6 +74,14 @@ class Group:
                 return
             entry.deliveries, entry.first_ns = known.deliveries, known.first_ns
         self.window[entry.id] = entry
+        self.ready[entry.id] = entry  # the newest: in order
+
+    def untake(self, ids: list[int], read_to: int) -> None:
+        """Events taken from a batch whose commit failed: their ids are given again."""
+        for i in ids:
+            self.window.pop(i, None)
+            self.ready.pop(i, None)
+        self.read_to = read_to
 
     def pending(self) -> Iterator[Entry]:
         yield from self.revived.values()
@@ -111,7 +93,7 @@ class Group:
     # -- consumers -----------------------------------------------------------
 
     def join(self, conn: Replier, peer: str) -> Consumer:
-        consumer = Consumer(conn, self, self.next_key, peer)
+        consumer = Consumer(conn, self.next_key, peer)
         self.next_key += 1
         self.consumers[conn] = consumer
         return consumer
@@ -146,11 +128,13 @@ class Group:
         sent: list[tuple[Entry, int, int]] = []
         held: set[int | None] = set()
         wait = self.spec.wait
-        for entry in self.pending():
+        if self.unsorted:
+            self.ready, self.unsorted = dict(sorted(self.ready.items())), False
+        for entry in list(self.ready.values()):
             if not room:
                 break
             user = entry.user
-            if entry.consumer is not None or user in held:
+            if user in held:
                 continue
             if entry.not_before > now or (wait and user in self.dead_users):
                 held.add(user)
@@ -171,6 +155,8 @@ class Group:
         entry.first_ns = entry.first_ns or now
         entry.sent_ns = now
         entry.consumer = consumer
+        del self.ready[entry.id]
+        heapq.heappush(self.expiry, (now, entry.id, entry))
         consumer.out[entry.id] = entry
         user = entry.user
         consumer.users[user] = consumer.users.get(user, 0) + 1
@@ -180,6 +166,11 @@ class Group:
         """A send whose commit failed: as it was before."""
         self._release(entry)
         entry.deliveries, entry.first_ns, entry.sent_ns = deliveries, first_ns, sent_ns
+        self._ready(entry)
+
+    def _ready(self, entry: Entry) -> None:
+        self.ready[entry.id] = entry
+        self.unsorted = True
 
     def _release(self, entry: Entry) -> None:
         consumer = entry.consumer
@@ -204,12 +195,17 @@ class Group:
         if entry.deliveries >= self.spec.max_deliveries:
             self.kill(entry, now, entry.reason or f"{reason}; delivered {entry.deliveries} times")
             return True
+        self._ready(entry)
         return False
 
     def expired(self, now: int) -> tuple[list[Entry], list[Entry]]:
         """Events out past ``ack_wait``: (those to send again, those now dead letters)."""
         limit = now - self.spec.ack_wait_ns
-        late = [e for c in self.consumers.values() for e in c.out.values() if e.sent_ns <= limit]
+        late = []
+        while self.expiry and self.expiry[0][0] <= limit:
+            sent_ns, _, entry = heapq.heappop(self.expiry)
+            if entry.consumer is not None and entry.sent_ns == sent_ns:
+                late.append(entry)
         again: list[Entry] = []
         dead: list[Entry] = []
         for entry in sorted(late, key=lambda e: e.id):
@@ -219,11 +215,14 @@ class Group:
 
     def next_expiry(self) -> int | None:
         """When the first event out passes ``ack_wait`` (ns), if any is out."""
-        sent = [e.sent_ns for c in self.consumers.values() for e in c.out.values()]
-        return min(sent) + self.spec.ack_wait_ns if sent else None
+        expiry = self.expiry
+        while expiry and (expiry[0][2].consumer is None or expiry[0][2].sent_ns != expiry[0][0]):
+            heapq.heappop(expiry)  # stale: acknowledged, or sent again since
+        return expiry[0][0] + self.spec.ack_wait_ns if expiry else None
 
     def ack(self, entry: Entry, now: int) -> None:
         self._release(entry)
+        self.ready.pop(entry.id, None)
         self.window.pop(entry.id, None)
         self.revived.pop(entry.id, None)
         entry.state, entry.done_ns = ACKED, now
@@ -238,6 +237,7 @@ class Group:
     def kill(self, entry: Entry, now: int, reason: str) -> None:
         """A dead letter: settled for the cursor, kept with its data until sent back."""
         self._release(entry)
+        self.ready.pop(entry.id, None)
         self.window.pop(entry.id, None)
         self.revived.pop(entry.id, None)
         entry.state, entry.done_ns, entry.reason = DEAD, now, reason
@@ -273,6 +273,7 @@ class Group:
             self.revived = ordered
         else:
             self.window = ordered
+        self._ready(entry)
 
     # -- moved by an operator ------------------------------------------------------
 
@@ -281,7 +282,7 @@ class Group:
         for consumer in self.consumers.values():
             for entry in list(consumer.out.values()):
                 self._release(entry)
-        self.window, self.recorded = {}, {}
+        self.window, self.recorded, self.ready = {}, {}, dict(self.revived)
         self.read_to, self.lost = cursor, None
         self.epoch += 1
 
@@ -292,6 +293,8 @@ class Group:
         lost: tuple[int, int] | None,
         recorded: dict[int, Recorded],
     ) -> None:
-        """A reset whose commit failed: as before it."""
+        """A reset whose commit failed: as before it (what it had out, sent again)."""
         self.reset(read_to)
         self.window, self.lost, self.recorded = window, lost, recorded
+        self.ready.update((i, e) for i, e in window.items() if e.consumer is None)
+        self.unsorted = True

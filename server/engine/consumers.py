@@ -25,8 +25,8 @@ from tidal.server.core import feed
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change, FeedRead
 from tidal.server.core.group_batch import GroupPage, GroupWrites, Sent, Undone
-from tidal.server.core.group_parts import DEAD, OPTOUTS
-from tidal.server.core.groups import Consumer, Entry, Group
+from tidal.server.core.group_parts import DEAD, OPTOUTS, Consumer, Entry
+from tidal.server.core.groups import Group
 from tidal.server.group_metrics import Figures
 from tidal.server.storage import events, groups_sql
 from tidal.server.storage.sqlbulk import Dialect, Plan
@@ -120,7 +120,8 @@ class Groups(Participant):
                 w.record(group, entry, entry.revived)
             cursor = group.cursor()
             if cursor != group.saved:  # acknowledged, dead-lettered or passed over
-                w.cursors[group.name] = group.saved = cursor
+                w.cursors[group.name] = (max(group.saved, 0), cursor)
+                group.saved = cursor
         self._schedule(now)
 
     def _take_live(self, w: GroupWrites, group: Group, changes: list[Change]) -> None:
@@ -177,9 +178,7 @@ class Groups(Participant):
             sent.group.unsend(sent.entry, sent.deliveries, sent.first_ns, sent.sent_ns)
         for group, before, ids, epoch in w.taken:
             if group.epoch == epoch:
-                for i in ids:
-                    group.window.pop(i, None)
-                group.read_to = before
+                group.untake(ids, before)
         for page in w.pages:
             self._reading.discard(page.group)
         for group in self.groups.values():
@@ -224,14 +223,13 @@ class Groups(Participant):
         log.error("%s", message)
         ending = msgpack.packb([2, "error", [int(ErrorCode.INVALID_PARAMS), message]])
         for consumer in list(group.consumers.values()):
-            self.leave(consumer)
+            self.leave(group, consumer)
             consumer.conn.end(ending)
 
     # -- consumers ------------------------------------------------------------------
 
-    def leave(self, consumer: Consumer) -> None:
+    def leave(self, group: Group, consumer: Consumer) -> None:
         """``consumer`` unsubscribed, or its connection ended: the others take its events."""
-        group = consumer.group
         if group.consumers.get(consumer.conn) is not consumer:
             return
         if consumer.conn.listener is not None:
@@ -268,7 +266,10 @@ class Groups(Participant):
         """The timer, at the first ``ack_wait`` to pass or the first nack delay to end."""
         times = [t for g in self.groups.values() if (t := g.next_expiry()) is not None]
         times += [
-            e.not_before for g in self.groups.values() for e in g.pending() if e.not_before > now
+            e.not_before
+            for g in self.groups.values()
+            for e in g.ready.values()
+            if e.not_before > now
         ]
         if not times:
             return

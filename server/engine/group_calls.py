@@ -17,8 +17,8 @@ from tidal.protocol.refusals import InvalidParams, InvalidRequest
 from tidal.server.core import feed
 from tidal.server.core.group_batch import Undone
 from tidal.server.core.group_params import Settings
-from tidal.server.core.group_parts import DEAD, Spec
-from tidal.server.core.groups import Entry, Group
+from tidal.server.core.group_parts import DEAD, Entry, Spec
+from tidal.server.core.groups import Group
 from tidal.server.core.replies import Replier
 from tidal.server.storage import groups_sql
 from tidal.server.storage.sqlbulk import Dialect, Plan
@@ -87,16 +87,16 @@ class GroupCalls:
         if group.lost is not None:
             raise InvalidParams(lost_message(name, group.lost))
         consumer = group.join(conn, address(getattr(conn, "peer", None)))
-        conn.listener = Link(self._groups, consumer)
+        conn.listener = Link(self._groups, group, consumer)
         conn.reply(msgid, {"last_id": self._feed.last_id, "group": name, "cursor": group.cursor()})
         self._groups.due()
 
     def unsubscribe(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
-        consumer = consumer_of(conn)
-        if consumer is None:
+        joined = consumer_of(conn)
+        if joined is None:
             self._feed.unsubscribe(conn, msgid, args)
             return
-        self._groups.leave(consumer)
+        self._groups.leave(*joined)
         conn.reply(msgid, True)
 
     # -- groups -------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class GroupCalls:
         if self._groups.groups.get(group.name) is group:
             del self._groups.groups[group.name]
         for consumer in list(group.consumers.values()):
-            self._groups.leave(consumer)
+            self._groups.leave(group, consumer)
             consumer.conn.end(
                 msgpack.packb(
                     [2, "error", [int(InvalidParams.code), f"group {group.name!r} was dropped"]]
@@ -173,7 +173,8 @@ class GroupCalls:
             del w.rows[key]
         w.reset[name] = cursor
         w.lost[name] = None
-        w.cursors[name] = group.saved = cursor
+        w.cursors[name] = (cursor, cursor)  # the reset's deletes did the rest
+        group.saved = cursor
         batch.undo.append(Undone(lambda: group.restore(*before)))
         self._committer.ack(conn, msgid, {"cursor": cursor})
         self._groups.due()
@@ -194,12 +195,12 @@ class GroupCalls:
     def _out(self, conn: Replier, ids: list[int], method: str) -> tuple[Group, list[Entry]]:
         """The events ``ids`` names, each out to this connection's consumer; else an error
         naming the first that is not, and nothing changed."""
-        consumer = consumer_of(conn)
-        if consumer is None:
+        joined = consumer_of(conn)
+        if joined is None:
             raise InvalidParams(
                 f"{method}: this connection consumes no group; subscribe with options.group"
             )
-        group = consumer.group
+        group, consumer = joined
         if self._groups.groups.get(group.name) is not group:
             raise InvalidParams(f"{method}: group {group.name!r} was dropped")
         entries = []

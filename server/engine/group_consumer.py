@@ -10,7 +10,8 @@ import msgpack
 
 from tidal.protocol import notification_head
 from tidal.server.core.group_batch import Sent
-from tidal.server.core.groups import Consumer
+from tidal.server.core.group_parts import Consumer
+from tidal.server.core.groups import Group
 from tidal.server.core.replies import Replier
 
 #: ``[2, "event", [event, {group, deliveries}]]``: the feed's event, and its delivery
@@ -30,7 +31,7 @@ def push(sent: list[Sent]) -> None:
     out: dict[Consumer, list[bytes]] = {}
     for s in sent:
         consumer = s.entry.consumer
-        if consumer is None or consumer.group.consumers.get(consumer.conn) is not consumer:
+        if consumer is None or s.group.consumers.get(consumer.conn) is not consumer:
             continue  # its consumer went as it committed: it is sent to another
         meta = msgpack.packb({"group": s.group.name, "deliveries": s.entry.deliveries})
         out.setdefault(consumer, []).append(GROUP_EVENT + s.entry.data + meta)
@@ -43,25 +44,27 @@ class Owner(Protocol):
 
     def due(self) -> None: ...
 
-    def leave(self, consumer: Consumer) -> None: ...
+    def leave(self, group: Group, consumer: Consumer) -> None: ...
 
 
 class Link:
     """A consumer's connection tells its group when it can take more, and when it ends."""
 
-    __slots__ = ("consumer", "groups")
+    __slots__ = ("consumer", "group", "groups")
 
-    def __init__(self, groups: Owner, consumer: Consumer) -> None:
+    def __init__(self, groups: Owner, group: Group, consumer: Consumer) -> None:
         self.groups = groups
+        self.group = group
         self.consumer = consumer
 
     def writable(self) -> None:
         self.groups.due()
 
     def lost(self) -> None:
-        self.groups.leave(self.consumer)
+        self.groups.leave(self.group, self.consumer)
 
 
-def consumer_of(conn: Replier) -> Consumer | None:
+def consumer_of(conn: Replier) -> tuple[Group, Consumer] | None:
+    """The group this connection consumes as one of, and its consumer there."""
     listener = conn.listener
-    return listener.consumer if isinstance(listener, Link) else None
+    return (listener.group, listener.consumer) if isinstance(listener, Link) else None

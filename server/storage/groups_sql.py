@@ -16,8 +16,7 @@ import msgpack
 from tidal.server.core import feed
 from tidal.server.core.batch import Batch
 from tidal.server.core.group_batch import GroupWrites
-from tidal.server.core.group_parts import ACKED, DEAD, OPTOUTS, PENDING, Recorded, Spec
-from tidal.server.core.groups import Entry
+from tidal.server.core.group_parts import ACKED, DEAD, OPTOUTS, PENDING, Entry, Recorded, Spec
 from tidal.server.core.ledger import from_db, to_db
 
 from .sqlbulk import Bulk, Dialect, Exec, Many, Plan, Put, Rows
@@ -53,10 +52,11 @@ _CREATE: Final = (
     " created_ns, lost_first, lost_last) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)"
 )
 _NOT_OPTOUT: Final = f"kind NOT IN ({', '.join(str(k) for k in sorted(OPTOUTS))})"
-#: the rows of events acknowledged up to the cursor, but an opt-out's (the receipt's)
+#: the rows of events acknowledged that the cursor passed (between the one recorded before
+#: and the new), but an opt-out's (the receipt's): a range, never the group's every row
 _PASSED: Final = (
-    f"DELETE FROM group_events WHERE grp = ? AND event_id <= ? AND state = {ACKED}"
-    f" AND {_NOT_OPTOUT}"
+    f"DELETE FROM group_events WHERE grp = ? AND event_id > ? AND event_id <= ?"
+    f" AND state = {ACKED} AND {_NOT_OPTOUT}"
 )
 
 
@@ -89,11 +89,10 @@ def write(w: GroupWrites) -> Plan[None]:
         rows = [(*r[:2], None if r[2] is None else to_db(r[2]), *r[3:]) for r in w.rows.values()]
         yield Put(GROUP_EVENTS, rows)
     if w.cursors:
-        yield Many(
-            "UPDATE groups SET cursor = ? WHERE name = ?",
-            [(c, name) for name, c in w.cursors.items()],
-        )
-        yield Many(_PASSED, list(w.cursors.items()))
+        moved = [(name, *span) for name, span in w.cursors.items()]
+        yield Many("UPDATE groups SET cursor = ? WHERE name = ?", [(c, n) for n, _, c in moved])
+        if passed := [m for m in moved if m[1] < m[2]]:
+            yield Many(_PASSED, passed)
     for name, lost in w.lost.items():
         first, last = lost if lost is not None else (None, None)
         yield Exec(
