@@ -65,7 +65,11 @@ class Sent:
 
 @dataclass(slots=True)
 class GroupWrites:
-    rows: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    #: the events whose rows this batch writes, by (group, id); and whether with their
+    #: data. Their rows are made as the writer takes the batch (``freeze``): an event taken
+    #: from the batch before has its data only once that one committed
+    touched: dict[tuple[str, int], tuple[Entry, bool]] = field(default_factory=dict)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
     #: group -> (the cursor recorded before, the new one): the rows between may go
     cursors: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: groups made (their ``groups`` rows), dropped, and set (cursor, lost) anew
@@ -79,15 +83,27 @@ class GroupWrites:
     taken: list[tuple[Group, int, list[int], int]] = field(default_factory=list)
 
     def record(self, group: Group, entry: Entry, with_data: bool = False) -> None:
-        """The event's row as it stands: (group, id, user, kind, at, deliveries, first
-        sent, state, done at, reason, data); the data kept only where the events table
-        may lose it (a dead letter, one sent back)."""
-        e, name = entry, group.name
-        self.rows[(name, e.id)] = (name, e.id, e.user, e.kind, e.at_ns, e.deliveries,
-                                   e.first_ns, e.state, e.done_ns, e.reason,
-                                   e.data if with_data else None)  # fmt: skip
+        """The event's row is to be written as it stands when the batch is taken; with its
+        data where the events table may lose it (a dead letter, one sent back)."""
+        key = (group.name, entry.id)
+        kept = self.touched.get(key)
+        self.touched[key] = (entry, with_data or (kept is not None and kept[1]))
+
+    def forget(self, name: str, keep: Callable[[Entry], bool] = lambda e: False) -> None:
+        """No row of group ``name`` is written, but those ``keep`` says."""
+        for key in [k for k, (e, _) in self.touched.items() if k[0] == name and not keep(e)]:
+            del self.touched[key]
+
+    def freeze(self) -> None:
+        """As the writer takes the batch: each row as its event stands, (group, id, user,
+        kind, at, deliveries, first sent, state, done at, reason, data)."""
+        self.rows = [
+            (name, e.id, e.user, e.kind, e.at_ns, e.deliveries, e.first_ns, e.state, e.done_ns,
+             e.reason, e.data if with_data else None)
+            for (name, _), (e, with_data) in self.touched.items()
+        ]  # fmt: skip
 
     def writes(self) -> bool:
         return bool(
-            self.rows or self.cursors or self.created or self.dropped or self.reset or self.lost
+            self.touched or self.cursors or self.created or self.dropped or self.reset or self.lost
         )

@@ -102,6 +102,8 @@ class Groups(Participant):
 
     def prepare(self, batch: Batch) -> None:
         if not self.groups or (batch.groups is None and not batch.changes):
+            if batch.groups is not None:  # the last group was dropped: what is left of it
+                batch.groups.freeze()
             return  # a batch of signals: nothing new for a group (``due`` marks one that has)
         now = self._clock()
         head = self._feed.last_id  # committed: one batch commits at a time
@@ -122,6 +124,7 @@ class Groups(Participant):
             if cursor != group.saved:  # acknowledged, dead-lettered or passed over
                 w.cursors[group.name] = (max(group.saved, 0), cursor)
                 group.saved = cursor
+        w.freeze()
         self._schedule(now)
 
     def _take_live(self, w: GroupWrites, group: Group, changes: list[Change]) -> None:
@@ -158,7 +161,7 @@ class Groups(Participant):
         data = {change.id: change.data for change in batch.changes}
         for group, _, ids, _ in w.taken:
             for i in ids:
-                entry = group.find(i)
+                entry = group.find(i) or group.dead.get(i)  # its consumer may have gone since
                 if entry is not None:
                     entry.data = data[i]
         push(w.sent)

@@ -25,21 +25,13 @@ from tidal.server.storage.sqlbulk import Dialect, Plan
 
 from .committer import Committer
 from .consumers import Groups
-from .group_consumer import Link, consumer_of, lost_message
+from .group_consumer import Link, address, consumer_of, lost_message
 from .group_figures import describe
 from .publisher import Feed
 from .receipts import receipt_plan, unconfirmed_plan
 
 Beside = Callable[[Replier, int | None, Callable[[Dialect], Plan[Any]]], None]
 CLUSTER = "consumer groups are served by one node for now, not in cluster mode"
-
-
-def address(peer: object) -> str:
-    """``host:port`` of a consumer's connection ("?" if unknown, a path for a socket file)."""
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host = str(peer[0])
-        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-    return "?" if not peer else str(peer)
 
 
 class GroupCalls:
@@ -148,8 +140,7 @@ class GroupCalls:
         batch = self._committer.writable()
         w = batch.group_writes()
         w.created.pop(name, None)
-        for key in [k for k in w.rows if k[0] == name]:
-            del w.rows[key]
+        w.forget(name)
         w.cursors.pop(name, None)
         w.reset.pop(name, None)
         w.lost.pop(name, None)
@@ -169,8 +160,7 @@ class GroupCalls:
         before = (dict(group.window), group.read_to, group.lost, dict(group.recorded))
         group.reset(cursor)
         w = batch.group_writes()
-        for key in [k for k, row in w.rows.items() if k[0] == name and row[7] != DEAD]:
-            del w.rows[key]
+        w.forget(name, keep=lambda e: e.state == DEAD)
         w.reset[name] = cursor
         w.lost[name] = None
         w.cursors[name] = (cursor, cursor)  # the reset's deletes did the rest

@@ -68,3 +68,11 @@ def consumer_of(conn: Replier) -> tuple[Group, Consumer] | None:
     """The group this connection consumes as one of, and its consumer there."""
     listener = conn.listener
     return (listener.group, listener.consumer) if isinstance(listener, Link) else None
+
+
+def address(peer: object) -> str:
+    """``host:port`` of a consumer's connection ("?" if unknown, a path for a socket file)."""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = str(peer[0])
+        return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
+    return "?" if not peer else str(peer)

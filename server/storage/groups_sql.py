@@ -86,7 +86,7 @@ def write(w: GroupWrites) -> Plan[None]:
             (name, cursor),
         )
     if w.rows:
-        rows = [(*r[:2], None if r[2] is None else to_db(r[2]), *r[3:]) for r in w.rows.values()]
+        rows = [(*r[:2], None if r[2] is None else to_db(r[2]), *r[3:]) for r in w.rows]
         yield Put(GROUP_EVENTS, rows)
     if w.cursors:
         moved = [(name, *span) for name, span in w.cursors.items()]
