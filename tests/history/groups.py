@@ -26,6 +26,7 @@ from typing import Any
 import msgpack
 
 from tidal.client import Client, InvalidParams
+from tidal.server.core.replies import UNKNOWN_SAVED
 
 GROUP = "history"
 #: short, so that faults find events out and sent again
@@ -131,7 +132,10 @@ class Session:
             sent.outcome = "unknown"
             return
         sent.completed = time.monotonic()
-        sent.outcome = "ok" if error is None else "fail"
+        if error is None:
+            sent.outcome = "ok"
+        else:  # a commit cut off and not settled in time says so: it may have held
+            sent.outcome = "unknown" if UNKNOWN_SAVED in str(error[1]) else "fail"
 
     def close(self) -> None:
         self.writer.close()
