@@ -116,3 +116,22 @@ def test_a_refused_batch_gives_its_events_back_and_leaves_nothing_to_send() -> N
     group.unsend(entry, 0, first, sent)  # the send, undone
     group.untake([1], 0)  # the event, given back
     assert group.assign(0) == [] and group.cursor() == 0 and not group.ready
+
+
+def test_an_event_sent_twice_at_one_time_dies_once() -> None:
+    """Sent, its consumer gone, and sent again at the same time: when ack_wait passes, it is
+    back once (a dead letter once), and sent back it is sent again (hypothesis found it
+    killed twice, its user then held behind a dead letter that was no longer there)."""
+    group = Group(Spec("g", 0, ACK_WAIT, 3, True, None, 0), 0)
+    first = group.join(Conn(), "a")  # type: ignore[arg-type]
+    group.join(Conn(), "b")  # type: ignore[arg-type]
+    group.take(Entry(1, feed.LEAVE, 0, 0, b""))
+    group.assign(0)
+    group.expired(10)
+    group.assign(10)  # its second send, at 10
+    group.leave(first, 10)
+    group.assign(10)  # its third, at 10 too: one consumer has it
+    again, dead = group.expired(20)
+    assert (again, [e.id for e in dead], group.dead_lettered) == ([], [1], 1)
+    group.revive(group.dead[1])
+    assert [e.id for e, _, _ in group.assign(20)] == [1]

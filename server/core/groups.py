@@ -201,14 +201,14 @@ class Group:
     def expired(self, now: int) -> tuple[list[Entry], list[Entry]]:
         """Events out past ``ack_wait``: (those to send again, those now dead letters)."""
         limit = now - self.spec.ack_wait_ns
-        late = []
+        late: dict[int, Entry] = {}  # an event sent twice at one time is in the heap twice
         while self.expiry and self.expiry[0][0] <= limit:
             sent_ns, _, entry = heapq.heappop(self.expiry)
             if entry.consumer is not None and entry.sent_ns == sent_ns:
-                late.append(entry)
+                late[entry.id] = entry
         again: list[Entry] = []
         dead: list[Entry] = []
-        for entry in sorted(late, key=lambda e: e.id):
+        for entry in sorted(late.values(), key=lambda e: e.id):
             died = self.back(entry, now, "not acknowledged within ack_wait")
             (dead if died else again).append(entry)
         return again, dead
