@@ -17,7 +17,7 @@ from . import requests
 from .addresses import Addresses, Hosts
 from .connecting import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from .connecting import Connecting, ConnectOptions
-from .consumer import Consumer
+from .consumer import Consumer, consumer
 from .errors import (
     CallTimeout,
     ConnectFailed,
@@ -26,7 +26,6 @@ from .errors import (
 )
 from .faces import AsyncFace, Commands
 from .feed import Cursor
-from .groupfeed import GroupCursor
 from .plans import Options
 from .requests import Call
 from .subscription import DEAD_AFTER, Subscription
@@ -173,17 +172,8 @@ class Client(AsyncFace, Commands):
         """A consumer group's share of the feed: ``async for d in client.consume("index")``
         yields ``Delivery`` objects; ``await d.ack()`` once applied. On a connection of its
         own, which reconnects by itself (what was not acknowledged is sent again)."""
-        cursor = GroupCursor(group, events)
-        consumer = Consumer(
-            self._dial,
-            cursor,
-            timeout=self._timeout,
-            reconnect=self._reconnect_attempts,
-            first_delay=RECONNECT_FIRST_DELAY,
-            dead_after=dead_after,
-        )
-        cursor.sender = consumer
-        return consumer
+        return consumer(self._dial, group, events, timeout=self._timeout,
+                        reconnect=self._reconnect_attempts, dead_after=dead_after)  # fmt: skip
 
     def subscribe(
         self,

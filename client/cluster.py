@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final, TypeVar, Unpack
 
 from . import routing
 from .addresses import Hosts
 from .client import Client
 from .connecting import Connecting, ConnectOptions
+from .consumer import Consumer, consumer
 from .errors import ConnectionLost, TidalError
 from .faces import AsyncFace, Commands
 from .plans import Options
 from .requests import Call
-from .routing import Router, address, route
+from .routing import GROUPS, Router, address, route
+from .subscription import DEAD_AFTER
+from .transport import ClientProtocol
 from .types import SignalAck
 
 T = TypeVar("T")
@@ -88,6 +91,23 @@ class ClusterClient(AsyncFace, Commands):
     async def close(self) -> None:
         await asyncio.gather(self._any.close(), *(c.close() for c in self._nodes.values()))
 
+    def consume(
+        self, group: str, events: Iterable[str] | None = None, *,
+        dead_after: float | None = DEAD_AFTER,
+    ) -> Consumer:  # fmt: skip
+        """``Client.consume``, on a connection to the node serving the consumer groups
+        (partition 0's), found from the partition map read again at each reconnect: a
+        node that lets the groups go ends its consumers with ``moved``."""
+
+        async def dial() -> ClientProtocol:
+            with contextlib.suppress(TidalError, OSError):
+                await self.refresh()
+            return await (await self.node(self.router.serving(GROUPS)))._dial()
+
+        first = self._any
+        return consumer(dial, group, events, timeout=first._timeout,
+                        reconnect=first._reconnect_attempts, dead_after=dead_after)  # fmt: skip
+
     async def refresh(self) -> None:
         """Read the partition map again."""
         self.router = Router(await self._any.call("partition_map"))
@@ -113,24 +133,28 @@ class ClusterClient(AsyncFace, Commands):
         """``call`` on the node serving ``user_id``, following ``moved`` (``Router.after``).
         A node lost with the request sent raises ``ConnectionLost``, and the map is read
         again for the next call."""
+        return await self.at(self.router.part(user_id), call)
+
+    async def at(self, part: int, call: Callable[[Client], Awaitable[T]]) -> T:
+        """``call`` on the node serving partition ``part``, following ``moved``."""
         attempt = 0
         while True:
-            owner = self.router.owner(user_id)
+            owner = self.router.serving(part)
             sent = False
             try:
                 client = await self.node(owner)
                 sent = True
                 return await call(client)
             except (TidalError, OSError) as exc:
-                if not await self._next(exc, user_id, attempt, owner, sent):
+                if not await self._next(exc, part, attempt, owner, sent):
                     raise
             attempt += 1
 
     async def _next(
-        self, exc: BaseException, user_id: int | None, attempt: int, owner: str | None, sent: bool
+        self, exc: BaseException, part: int | None, attempt: int, owner: str | None, sent: bool
     ) -> bool:
         """The step ``Router.after`` says, taken; False: the caller raises ``exc``."""
-        step = self.router.after(exc, user_id, attempt, sent=sent)
+        step = self.router.after(exc, part, attempt, sent=sent)
         if step is None:
             if isinstance(exc, ConnectionLost):
                 await self._drop(owner, refresh=True)
@@ -154,9 +178,12 @@ class ClusterClient(AsyncFace, Commands):
         """``call`` where the method table routes it (``protocol.methods``)."""
         if call.method == "signal_batch":
             return await self._batch(call)
-        if route(call.method) == "user":
+        where = route(call.method)
+        if where == "user":
             user_id: int = call.params[0]
             return await self.routed(user_id, lambda c: c._send(call))
+        if where == "groups":
+            return await self.at(GROUPS, lambda c: c._send(call))
         return await self._any._send(call)
 
     async def call(self, method: str, *params: Any) -> Any:

@@ -24,6 +24,7 @@ from .errors import (
     FeedGap,
     InvalidArgument,
     InvalidParams,
+    Moved,
     Unavailable,
     closed_by_server,
 )
@@ -179,8 +180,8 @@ class Following:
         or no passing failure), or None to try again (a restart, a boot, a lost link)."""
         if isinstance(exc, InvalidParams):
             return self._cursor.refused(exc)
-        if isinstance(exc, (OSError, ConnectionLost, CallTimeout, Unavailable)):
-            return None
+        if isinstance(exc, (OSError, ConnectionLost, CallTimeout, Unavailable, Moved)):
+            return None  # a cluster's consumer dials the groups' node anew (``moved``)
         return exc
 
     @staticmethod

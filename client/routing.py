@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from tidal.protocol.methods import BY_NAME, Route
+from tidal.protocol.partitions import GROUPS as GROUPS
 from tidal.protocol.partitions import HASH, partition
 
 from .errors import ConnectFailed, ConnectionLost, InvalidArgument, Moved, Unavailable
@@ -70,22 +71,29 @@ class Router:
         """False for a server not in cluster mode: it serves every user itself."""
         return self.cluster is not None
 
+    def part(self, user_id: int) -> int:
+        """The partition of ``user_id``."""
+        return partition(user_id, self.partitions)
+
+    def serving(self, part: int) -> str | None:
+        """The node serving partition ``part``, or None when none is known (then: any
+        node). The consumer groups are ``GROUPS``' node's."""
+        return self.owners[part] if self.clustered else None
+
     def owner(self, user_id: int) -> str | None:
         """The node serving ``user_id``, or None when none is known (then: any node)."""
-        if not self.clustered:
-            return None
-        return self.owners[partition(user_id, self.partitions)]
+        return self.serving(self.part(user_id))
 
-    def moved(self, user_id: int, owner: str | None) -> None:
-        """A node said the user's partition is served by ``owner`` (None: by no node yet)."""
+    def moved(self, part: int, owner: str | None) -> None:
+        """A node said partition ``part`` is served by ``owner`` (None: by no node yet)."""
         if self.clustered:
-            self.owners[partition(user_id, self.partitions)] = owner
+            self.owners[part] = owner
 
     def after(
-        self, exc: BaseException, user_id: int | None, attempt: int, *, sent: bool
+        self, exc: BaseException, part: int | None, attempt: int, *, sent: bool
     ) -> Step | None:
-        """The next step after ``exc`` on try ``attempt`` for ``user_id`` (None: a part of
-        a batch, whose users may be several), or None: the caller gets ``exc``. ``sent``:
+        """The next step after ``exc`` on try ``attempt`` for partition ``part`` (None: a
+        part of a batch, whose users may be several), or None: the caller gets ``exc``. ``sent``:
         the request went out (a connection lost after that is the caller's: what became
         of the request is unknown; keyed signals are safe to send again)."""
         last = attempt + 1 >= MOVES
@@ -93,9 +101,9 @@ class Router:
         if isinstance(exc, Moved):
             if last:
                 return None
-            if exc.address is None or user_id is None:  # no owner yet, or a batch's
+            if exc.address is None or part is None:  # no owner yet, or a batch's
                 return Step(pace if exc.address is None else 0.0, True, False)
-            self.moved(user_id, exc.address)
+            self.moved(part, exc.address)
             return Step(0.0, False, False)
         if isinstance(exc, Unavailable):  # nothing applied: a partition loading, cohorts
             passing = exc.starting or exc.retry  # changed under the request's signals

@@ -26,11 +26,10 @@ from .errors import (
 )
 from .faces import Commands, SyncFace
 from .feed import Cursor
-from .groupfeed import GroupCursor
 from .plans import Options
 from .requests import Call
 from .subscription import DEAD_AFTER
-from .sync_consumer import SyncConsumer
+from .sync_consumer import SyncConsumer, sync_consumer
 from .sync_subscription import SyncSubscription
 
 
@@ -119,17 +118,8 @@ class SyncClient(SyncFace, Commands):
     ) -> SyncConsumer:
         """A consumer group's share of the feed, as a blocking iterator of ``Delivery``
         objects (``d.ack()`` once applied); the same as ``Client.consume``."""
-        cursor = GroupCursor(group, events)
-        consumer = SyncConsumer(
-            self._new_link,
-            cursor,
-            timeout=self._timeout,
-            reconnect=self._reconnect_attempts,
-            first_delay=RECONNECT_FIRST_DELAY,
-            dead_after=dead_after,
-        )
-        cursor.sender = consumer
-        return consumer
+        return sync_consumer(self._new_link, group, events, timeout=self._timeout,
+                             reconnect=self._reconnect_attempts, dead_after=dead_after)  # fmt: skip
 
     def subscribe(
         self,

@@ -8,19 +8,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, Unpack
 
 from . import routing
 from .addresses import Hosts
+from .blocking import Link
 from .cluster import NODE_RECONNECTS, whole
 from .connecting import Connecting, ConnectOptions
 from .errors import ConnectionLost, TidalError
 from .faces import Commands, SyncFace
 from .plans import Options
 from .requests import Call
-from .routing import Router, address, route
+from .routing import GROUPS, Router, address, route
+from .subscription import DEAD_AFTER
 from .sync import SyncClient
+from .sync_consumer import SyncConsumer, sync_consumer
 from .types import SignalAck
 
 T = TypeVar("T")
@@ -55,6 +58,22 @@ class SyncClusterClient(SyncFace, Commands):
     def refresh(self) -> None:
         self.router = Router(self._any.call("partition_map"))
 
+    def consume(
+        self, group: str, events: Iterable[str] | None = None, *,
+        dead_after: float | None = DEAD_AFTER,
+    ) -> SyncConsumer:  # fmt: skip
+        """``ClusterClient.consume``, blocking: on the node serving the consumer groups,
+        found from the partition map read again at each reconnect."""
+
+        def link() -> Link:
+            with contextlib.suppress(TidalError, OSError):
+                self.refresh()
+            return self.node(self.router.serving(GROUPS))._new_link()
+
+        one = self._any
+        return sync_consumer(link, group, events, timeout=one._timeout,
+                             reconnect=one._reconnect_attempts, dead_after=dead_after)  # fmt: skip
+
     def node(self, owner: str | None) -> SyncClient:
         if owner is None:
             return self._any
@@ -68,24 +87,28 @@ class SyncClusterClient(SyncFace, Commands):
 
     def routed(self, user_id: int, call: Callable[[SyncClient], T]) -> T:
         """``call`` on the node serving ``user_id``, following ``moved``."""
+        return self.at(self.router.part(user_id), call)
+
+    def at(self, part: int, call: Callable[[SyncClient], T]) -> T:
+        """``call`` on the node serving partition ``part``, following ``moved``."""
         attempt = 0
         while True:
-            owner = self.router.owner(user_id)
+            owner = self.router.serving(part)
             sent = False
             try:
                 client = self.node(owner)
                 sent = True
                 return call(client)
             except (TidalError, OSError) as exc:
-                if not self._next(exc, user_id, attempt, owner, sent):
+                if not self._next(exc, part, attempt, owner, sent):
                     raise
             attempt += 1
 
     def _next(
-        self, exc: BaseException, user_id: int | None, attempt: int, owner: str | None, sent: bool
+        self, exc: BaseException, part: int | None, attempt: int, owner: str | None, sent: bool
     ) -> bool:
         """The step ``Router.after`` says, taken; False: the caller raises ``exc``."""
-        step = self.router.after(exc, user_id, attempt, sent=sent)
+        step = self.router.after(exc, part, attempt, sent=sent)
         if step is None:
             if isinstance(exc, ConnectionLost):
                 self._drop(owner, refresh=True)
@@ -109,9 +132,12 @@ class SyncClusterClient(SyncFace, Commands):
         """``call`` where the method table routes it (``protocol.methods``)."""
         if call.method == "signal_batch":
             return self._batch(call)
-        if route(call.method) == "user":
+        where = route(call.method)
+        if where == "user":
             user_id: int = call.params[0]
             return self.routed(user_id, lambda c: c._send(call))
+        if where == "groups":
+            return self.at(GROUPS, lambda c: c._send(call))
         return self._any._send(call)
 
     def call(self, method: str, *params: Any) -> Any:

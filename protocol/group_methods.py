@@ -30,7 +30,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         s.obj({"name": {"type": "string"}, "cursor": s.COUNT}, ("name", "cursor")),
         "the group",
         writes=True,
-        route="log",
+        route="groups",
     ),
     Method(
         "group_drop",
@@ -40,7 +40,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         {"const": True},
         "dropped",
         writes=True,
-        route="log",
+        route="groups",
     ),
     Method(
         "group_reset",
@@ -53,7 +53,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         s.obj({"cursor": s.COUNT}, ("cursor",)),
         "the cursor",
         writes=True,
-        route="log",
+        route="groups",
     ),
     Method(
         "groups",
@@ -61,7 +61,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         (),
         s.array(g.GROUP),
         "groups",
-        route="log",
+        route="groups",
         examples=(([], []),),
     ),
     Method(
@@ -71,7 +71,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         s.obj({"acked": s.COUNT, "cursor": s.COUNT}, ("acked", "cursor")),
         "acknowledged",
         writes=True,
-        route="log",
+        route="groups",
     ),
     Method(
         "nack",
@@ -84,7 +84,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         s.obj({"nacked": s.COUNT, "dead": s.COUNT}, ("nacked", "dead")),
         "given back",
         writes=True,
-        route="log",
+        route="groups",
     ),
     Method(
         "dead_letters",
@@ -95,7 +95,7 @@ GROUPS: Final[tuple[Method, ...]] = (
             ("dead_letters", "more"),
         ),
         "dead letters",
-        route="log",
+        route="groups",
     ),
     Method(
         "redeliver",
@@ -104,7 +104,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         s.obj({"redelivered": s.COUNT}, ("redelivered",)),
         "sent back",
         writes=True,
-        route="log",
+        route="groups",
     ),
     Method(
         "receipt",
@@ -113,7 +113,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         (Param("user_id", s.USER_ID, "the user"),),
         g.RECEIPT,
         "receipt",
-        route="log",
+        route="groups",
         examples=(([42], {"user_id": 42, "optouts": []}),),
     ),
     Method(
@@ -122,7 +122,7 @@ GROUPS: Final[tuple[Method, ...]] = (
         (Param("options", g.UNCONFIRMED_OPTIONS, "group, older_than, after, limit", {}),),
         g.UNCONFIRMED,
         "unconfirmed",
-        route="log",
+        route="groups",
         examples=(([{}], {"users": [], "more": None}),),
     ),
 )

@@ -12,8 +12,9 @@ from .schemas import Schema
 #: ``user``: to the node serving the user its first parameter names (a batch: each signal's);
 #: ``any``: any node answers alike;
 #: ``log``: any node, which reads the commit log to its end first (reads and cohort changes
-#: that span users, decided in one order).
-Route = Literal["user", "any", "log"]
+#: that span users, decided in one order);
+#: ``groups``: the node serving partition 0, which serves every consumer group.
+Route = Literal["user", "any", "log", "groups"]
 
 #: a parameter's default when it has none: the caller must give it
 REQUIRED: Final = object()

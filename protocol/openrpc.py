@@ -75,7 +75,7 @@ def _error_name(code: ErrorCode) -> str:
 
 
 def _method(m: Method) -> dict[str, Any]:
-    errors = [*COMMON, *((ErrorCode.MOVED,) if m.route == "user" else ())]
+    errors = [*COMMON, *((ErrorCode.MOVED,) if m.route in ("user", "groups") else ())]
     out: dict[str, Any] = {
         "name": m.name,
         "summary": m.summary,

@@ -21,6 +21,8 @@ HASH: Final = "fmix64"
 #: the default number of partitions of a new cluster: far more than nodes foreseen, so
 #: that nodes take whole partitions and no user is ever hashed again
 DEFAULT_PARTITIONS: Final = 256
+#: the partition whose node serves every consumer group (methods routed ``groups``)
+GROUPS: Final = 0
 MAX_PARTITIONS: Final = 65_536
 _MASK: Final = (1 << 64) - 1
 

@@ -384,9 +384,10 @@ async def test_the_blocking_client_routes_too(nodes: Nodes, database: Database) 
             counts = c.counts("s")
             assert counts.ledger["view"].count == 120
             assert counts.communities["c"]["view"].count == 60 + 45
-            c.router.moved(5, nodes.address(serving[0]))  # stale for user 5: moved followed
-            c.router.moved(6, nodes.address(serving[1]))
-            c.router.moved(7, nodes.address(serving[2]))
+            # stale for user 5: moved followed
+            c.router.moved(c.router.part(5), nodes.address(serving[0]))
+            c.router.moved(c.router.part(6), nodes.address(serving[1]))
+            c.router.moved(c.router.part(7), nodes.address(serving[2]))
             assert not any(c.status(u).left for u in (5, 6, 7))
 
     await asyncio.to_thread(work)
@@ -475,7 +476,8 @@ async def test_a_pipelined_leave_and_signal_sent_to_the_wrong_node_are_gated_on_
     right = owner(cluster_map, user)
     async with await ClusterClient.connect("127.0.0.1", serving[0].port, timeout=10) as c:
         await c.node(right)  # connected already: the two go out again in the order they came back
-        c.router.moved(user, None)  # a stale map: this user's requests go to serving[0] first
+        # a stale map: this user's requests go to serving[0] first
+        c.router.moved(c.router.part(user), None)
         leave, after = await asyncio.gather(c.leave(user), c.signal(user, "e", "view"))
     assert leave.left
     assert not after.forwarded, "the signal sent after the leave was forwarded"

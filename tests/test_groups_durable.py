@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from tidal.client import Client, InvalidRequest, SyncClient
+from tidal.client import Client, SyncClient
 
-from .conftest import Database, ServerProcess, three_nodes
+from .conftest import Database, ServerProcess
 from .group_peer import GroupPeer
 
 
@@ -155,22 +155,3 @@ async def test_the_blocking_client_consumes_and_acknowledges(process: ServerProc
     async with await Client.connect("127.0.0.1", process.port, timeout=10) as c:
         [sync] = await c.groups()
         assert sync["cursor"] == 2 and sync["pending"] == 0
-
-
-@pytest.mark.parametrize("backend", ["postgresql"])
-async def test_cluster_mode_refuses_groups_naming_why_and_still_answers_receipts(
-    database: Database,
-) -> None:
-    """Cluster mode serves no consumer group yet (docs/SCALING.md): each request to make or
-    join one is refused with -32600 saying so, nothing is made; receipts still answer, from
-    the opt-outs every node records."""
-    async with (
-        three_nodes(database) as servers,
-        await Client.connect(*servers[0].address, timeout=10) as c,
-    ):
-        with pytest.raises(InvalidRequest, match="not in cluster mode"):
-            await c.group_create("index")
-        with pytest.raises(InvalidRequest, match="not in cluster mode"):
-            await c.call("subscribe", {"group": "index"})
-        assert await c.groups() == []
-        assert (await c.receipt(7))["optouts"] == []

@@ -75,7 +75,7 @@ def test_a_router_splits_by_owner_and_follows_moved() -> None:
     router = Router({"cluster": "x", "partitions": 256, "hash": HASH, "owners": owners})
     groups = router.split([0, 1, 42, 2**64 - 1])  # partitions 0, 44, 204, 33
     assert groups == {"n2:2": [0, 1, 2], "n1:1": [3]}
-    router.moved(1, "n3:3")
+    router.moved(router.part(1), "n3:3")
     assert router.owner(1) == "n3:3" and router.owner(0) == "n2:2"
     assert address("[::1]:7411") == ("::1", 7411)
     one = Router({"cluster": None, "partitions": 1, "hash": HASH, "owners": [[None, 0]]})
@@ -88,14 +88,14 @@ def test_a_router_says_what_to_do_after_each_failure() -> None:
     owners = [["n1:1", 1] for _ in range(256)]
     router = Router({"cluster": "x", "partitions": 256, "hash": HASH, "owners": owners})
     named = Moved("moved: user 1 is in partition 44, served by n2:2")
-    assert router.after(named, 1, 0, sent=True) == Step(0.0, False, False)
+    assert router.after(named, 44, 0, sent=True) == Step(0.0, False, False)
     assert router.owner(1) == "n2:2"
     nobody = Moved("moved: user 1 is in partition 44, served by unknown")
-    assert router.after(nobody, 1, 2, sent=True) == Step(0.30000000000000004, True, False)
+    assert router.after(nobody, 44, 2, sent=True) == Step(0.30000000000000004, True, False)
     assert router.after(named, None, 0, sent=True) == Step(0.0, True, False)  # a batch part
-    assert router.after(named, 1, MOVES - 1, sent=True) is None  # the caller's, at last
+    assert router.after(named, 44, MOVES - 1, sent=True) is None  # the caller's, at last
     loading = Unavailable("starting: partition 44 (user 1) is loading on this node; retry")
-    assert router.after(loading, 1, 0, sent=True) == Step(0.1, False, False)
+    assert router.after(loading, 44, 0, sent=True) == Step(0.1, False, False)
     assert router.after(Unavailable("storage unavailable: disk full"), 1, 0, sent=True) is None
     # a node not reached: tried elsewhere; lost with the request sent: the caller's
     assert router.after(ConnectionLost("refused"), 1, 0, sent=False) == Step(0.1, True, True)

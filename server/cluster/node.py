@@ -31,10 +31,11 @@ import asyncpg
 
 from tidal.server.config import Config
 from tidal.server.core import shares
-from tidal.server.core.owners import Owners
+from tidal.server.core.owners import LEAD, Owners
 from tidal.server.core.snapshot import rows as snapshot_rows
 from tidal.server.engine.engine import Engine
 from tidal.server.logs import Throttle
+from tidal.server.storage import groups_sql
 from tidal.server.storage.interface import Snapshot, Storage
 from tidal.server.storage.postgres import pg_cluster as tables
 from tidal.server.storage.postgres.lock import AdvisoryLock
@@ -183,6 +184,8 @@ class Node:
                 del owners.owned[part]
                 log.warning("partition %d was taken by %s: no longer served here", part,
                             rows[part][0] or "no node")  # fmt: skip
+                if self._engine is not None:
+                    self._engine.lead(None)
         if me not in live or self._stopping.is_set():
             return  # this node's writer is between sessions: it takes nothing meanwhile
         holders = [node for node, _ in rows]
@@ -210,6 +213,9 @@ class Node:
                 config.idempotency_max_keys,
             )
             first_seq = await tables.block(conn)
+            # partition 0's node serves the consumer groups: as committed, now that the
+            # node before commits nothing more for them (``engine.group_lead``)
+            groups = await self._storage.read(groups_sql.loaded) if LEAD in taken else None
         finally:
             owners.loading.difference_update(taken)
 
@@ -218,6 +224,8 @@ class Node:
 
         engine.adopt(ours, state.left, state.rejoined, state.keys, first_seq, state.rules)
         owners.owned.update(taken)
+        if groups is not None:
+            engine.lead(groups)
         log.info(
             "took %d partitions in %.3fs (%d leave records): serving %d",
             len(taken), time.perf_counter() - began, len(state.left), len(owners.owned),
@@ -230,6 +238,7 @@ class Node:
         assert engine is not None
         held = {p: owners.owned.pop(p) for p in parts if p in owners.owned}
         owners.leaving.update(held)
+        engine.lead(None)  # partition 0 going: so do its consumer groups
         try:
             await engine.committer.settled()
             await tables.release(conn, owners.node, {**parts, **held})

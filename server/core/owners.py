@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
-from tidal.protocol.partitions import HASH, partition
+from tidal.protocol.partitions import GROUPS, HASH, partition
 from tidal.protocol.refusals import Moved, Unavailable
 
 from .batch import Batch
+
+#: the partition whose node serves every consumer group (and retires the ledger's rows)
+LEAD: Final = GROUPS
 
 
 class Router:
@@ -31,6 +34,10 @@ class Router:
 
     def check_all(self, user_ids: Iterable[int], batch: Batch | None = None) -> None:
         """``check`` for each of ``user_ids`` (a ``signal_batch``'s)."""
+
+    def check_lead(self, batch: Batch | None = None) -> None:
+        """Refuses a consumer group's request unless this node serves them (in cluster
+        mode, partition 0's node does); a write passes its ``batch``."""
 
     def lost(self, parts: Iterable[int]) -> None:
         """A commit found ``parts`` taken by another node: served here no more."""
@@ -89,6 +96,28 @@ class Owners(Router):
                 self._unconfirmed(user_id, part)
             if batch is not None:
                 batch.parts[part] = epoch
+
+    def check_lead(self, batch: Batch | None = None) -> None:
+        """Consumer groups are served by partition 0's node, fenced by its epoch: a node
+        that lost it commits nothing more for a group (``engine.consumers``)."""
+        epoch = self.owned.get(LEAD)
+        if epoch is None:
+            if LEAD in self.loading:
+                raise Unavailable("starting: consumer groups are loading on this node; retry")
+            address = self.map[LEAD][0]
+            if address == self.node:
+                address = None
+            raise Moved(
+                "moved: consumer groups are served by partition 0's node, served by"
+                f" {address or 'unknown'}"
+            )
+        if time.monotonic() > self.valid_until:
+            raise Unavailable(
+                "starting: this node is confirming that it still serves partition 0"
+                " (consumer groups); retry"
+            )
+        if batch is not None:
+            batch.parts[LEAD] = epoch
 
     def lost(self, parts: Iterable[int]) -> None:
         for part in parts:

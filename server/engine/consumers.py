@@ -40,6 +40,22 @@ from .publisher import Feed
 log = logging.getLogger("tidal.groups")
 
 
+def built(loaded: list[groups_sql.Loaded]) -> dict[str, Group]:
+    """The groups as the database holds them (``groups_sql.load``)."""
+    groups = {}
+    for spec, cursor, lost, kept, recorded in loaded:
+        group = Group(spec, cursor, lost, recorded=recorded)
+        for entry in kept:
+            if entry.state == DEAD:
+                group.dead[entry.id] = entry
+                group.dead_users[entry.user] = group.dead_users.get(entry.user, 0) + 1
+            else:
+                entry.revived = True
+                group.revived[entry.id] = entry
+        groups[spec.name] = group
+    return groups
+
+
 class Groups(Participant):
     def __init__(
         self,
@@ -48,27 +64,21 @@ class Groups(Participant):
         committer: Committer,
         clock: Callable[[], int],
         heartbeat: float = 5.0,
+        *,
+        live: bool = True,
     ) -> None:
         self._feed = feed
         self._committer = committer
         self._clock = clock
-        self.groups: dict[str, Group] = {}
-        for spec, cursor, lost, kept, recorded in loaded:
-            group = Group(spec, cursor, lost, recorded=recorded)
-            for entry in kept:
-                if entry.state == DEAD:
-                    group.dead[entry.id] = entry
-                    group.dead_users[entry.user] = group.dead_users.get(entry.user, 0) + 1
-                else:
-                    entry.revived = True
-                    group.revived[entry.id] = entry
-            self.groups[spec.name] = group
+        self.groups = built(loaded)
+        #: a group at the feed's end takes each batch's events as the writer takes it (one
+        #: node); cluster mode's as the log applies them, ids given (``group_lead``)
+        self._live = live
         self._reading: set[Group] = set()  # a page under way
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._heartbeat = heartbeat
         self._beat: asyncio.TimerHandle | None = None
-        self.lost_total = 0  # events lost to retention since boot
 
     def start(self) -> None:
         self._beat = asyncio.get_running_loop().call_later(self._heartbeat, self._tick)
@@ -110,11 +120,12 @@ class Groups(Participant):
         w = batch.group_writes()
         for group in self.groups.values():
             if group not in self._reading:
-                if group.read_to == head:
+                if group.read_to == head and self._live:
                     self._take_live(w, group, batch.changes)
                 elif group.read_to < head and group.room() > 0:
+                    tail = list(batch.changes) if self._live else []  # ids given: taken so
                     read = FeedRead(group.read_to)
-                    page = GroupPage(group, read, head, group.epoch, list(batch.changes))
+                    page = GroupPage(group, read, head, group.epoch, tail)
                     w.pages.append(page)
                     self._reading.add(group)
             for entry, first_ns, sent_ns in group.assign(now):
@@ -220,7 +231,6 @@ class Groups(Participant):
         if group.lost is not None:
             first = min(first, group.lost[0])
         group.lost = (first, last)
-        self.lost_total += last - lost[0] + 1
         self._committer.open.group_writes().lost[group.name] = group.lost
         message = lost_message(group.name, group.lost)
         log.error("%s", message)

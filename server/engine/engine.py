@@ -41,6 +41,7 @@ from tidal.server.core.rewrites import Rewrites, Rule
 from tidal.server.core.timeline import Timeline
 from tidal.server.core.userrows import UserRows
 from tidal.server.metrics import Metrics
+from tidal.server.storage import groups_sql
 from tidal.server.storage.interface import Snapshot, Storage
 
 from .changes import Changes
@@ -50,6 +51,7 @@ from .cycle import Cycle
 from .dispatch import dispatch
 from .event_retention import EventRetention
 from .group_calls import GroupCalls
+from .group_lead import LeadGroups
 from .handlers import served
 from .lineup import line_up
 from .logged_feed import LoggedFeed
@@ -125,9 +127,13 @@ class Engine:
             heartbeat=heartbeat, retention=event_retention,
         )  # fmt: skip
         self.event_retention = EventRetention(event_retention, self.feed, self.committer, clock)
-        # consumer groups are one node's (``group_calls``): cluster mode serves none
-        loaded = snapshot.groups if owners is None else []
-        self.groups = Groups(loaded, self.feed, self.committer, clock, heartbeat)
+        # cluster mode: partition 0's node serves them, taken with it (``group_lead``)
+        self.groups: Groups
+        if owners is None:
+            self.groups = Groups(snapshot.groups, self.feed, self.committer, clock, heartbeat)
+        else:
+            assert isinstance(self.feed, LoggedFeed)
+            self.groups = LeadGroups(self.feed, self.committer, clock, heartbeat, owners)
         self._serve(clock, timeline, owners)
         self.ledger = line_up(self, cycle, snapshot.ledger_rows)
         #: each method's handler and how many params it takes, from the method table
@@ -142,7 +148,7 @@ class Engine:
         reads = self._reads = Reads(self, ranked)
         self.health = reads.health_report
         calls = GroupCalls(self.groups, self.feed, self.committer, clock, reads.beside,
-                           owners is not None)  # fmt: skip
+                           self.router)  # fmt: skip
         self._methods = served(path.signal, path.signal_batch, changes, self.feed, reads, ranked,
                                calls)  # fmt: skip
         #: cluster mode: the board and the cohorts of every node's commits (``replica``)
@@ -234,6 +240,15 @@ class Engine:
         self.seqs.rewind(first_seq)
 
     # -- cluster mode -----------------------------------------------------
+
+    def lead(self, groups: list[groups_sql.Loaded] | None) -> None:
+        """Partition 0 taken, with the consumer groups as committed; or (None) what this
+        node owns changed, and the groups go with partition 0 if it went."""
+        assert isinstance(self.groups, LeadGroups)
+        if groups is None:
+            self.groups.follow()
+        else:
+            self.groups.adopt(groups)
 
     def adopt(
         self,

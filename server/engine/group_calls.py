@@ -13,12 +13,14 @@ from typing import Any
 
 import msgpack
 
-from tidal.protocol.refusals import InvalidParams, InvalidRequest
+from tidal.protocol.refusals import InvalidParams
 from tidal.server.core import feed
+from tidal.server.core.batch import Batch
 from tidal.server.core.group_batch import Undone
 from tidal.server.core.group_params import Settings
 from tidal.server.core.group_parts import DEAD, Entry, Spec
 from tidal.server.core.groups import Group
+from tidal.server.core.owners import Router
 from tidal.server.core.replies import Replier
 from tidal.server.storage import groups_sql
 from tidal.server.storage.sqlbulk import Dialect, Plan
@@ -31,7 +33,6 @@ from .publisher import Feed
 from .receipts import receipt_plan, unconfirmed_plan
 
 Beside = Callable[[Replier, int | None, Callable[[Dialect], Plan[Any]]], None]
-CLUSTER = "consumer groups are served by one node for now, not in cluster mode"
 
 
 class GroupCalls:
@@ -42,16 +43,24 @@ class GroupCalls:
         committer: Committer,
         clock: Callable[[], int],
         beside: Beside,
-        cluster: bool,
+        router: Router,
     ) -> None:
         self._groups = groups
         self._feed = feed
         self._committer = committer
         self._clock = clock
         self._beside = beside
-        self._cluster = cluster
+        #: cluster mode: partition 0's node serves the groups, each write fenced by its
+        #: epoch (``group_lead``); the others answer ``moved``
+        self._lead = router.check_lead
+
+    def _writable(self) -> Batch:
+        batch = self._committer.writable()
+        self._lead(batch)
+        return batch
 
     def _group(self, name: str, where: str) -> Group:
+        self._lead()
         group = self._groups.groups.get(name)
         if group is None:
             known = ", ".join(repr(n) for n in sorted(self._groups.groups)[:5]) or "none"
@@ -67,8 +76,6 @@ class GroupCalls:
         if name is None:
             self._feed.subscribe(conn, msgid, args)
             return
-        if self._cluster:
-            raise InvalidRequest(f"options.group: {CLUSTER}")
         group = self._group(name, "options.group")
         kinds = None if names is None else frozenset(feed.KINDS[n] for n in names)
         if kinds is not None and kinds != group.spec.kinds:
@@ -96,9 +103,7 @@ class GroupCalls:
     def group_create(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         name, settings = args
         assert isinstance(settings, Settings)  # parsed at the edge (``group_params``)
-        if self._cluster:
-            raise InvalidRequest(f"group_create: {CLUSTER}")
-        batch = self._committer.writable()
+        batch = self._writable()
         if name in self._groups.groups:
             raise InvalidParams(f"name: a group named {name!r} exists already")
         last = self._feed.last_id
@@ -126,18 +131,15 @@ class GroupCalls:
     def _forget(self, group: Group) -> None:
         if self._groups.groups.get(group.name) is group:
             del self._groups.groups[group.name]
+        dropped = [int(InvalidParams.code), f"group {group.name!r} was dropped"]
         for consumer in list(group.consumers.values()):
             self._groups.leave(group, consumer)
-            consumer.conn.end(
-                msgpack.packb(
-                    [2, "error", [int(InvalidParams.code), f"group {group.name!r} was dropped"]]
-                )
-            )
+            consumer.conn.end(msgpack.packb([2, "error", dropped]))
 
     def group_drop(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         name: str = args[0]
+        batch = self._writable()
         group = self._group(name, "name")
-        batch = self._committer.writable()
         w = batch.group_writes()
         w.created.pop(name, None)
         w.forget(name)
@@ -151,8 +153,8 @@ class GroupCalls:
 
     def group_reset(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         name, start = args
+        batch = self._writable()
         group = self._group(name, "name")
-        batch = self._committer.writable()
         last = self._feed.last_id
         cursor = last if start is None else start
         if cursor > last:
@@ -170,6 +172,7 @@ class GroupCalls:
         self._groups.due()
 
     def groups(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
+        self._lead()
         now = self._clock()
         self._committer.answer(
             conn,
@@ -185,6 +188,7 @@ class GroupCalls:
     def _out(self, conn: Replier, ids: list[int], method: str) -> tuple[Group, list[Entry]]:
         """The events ``ids`` names, each out to this connection's consumer; else an error
         naming the first that is not, and nothing changed."""
+        self._lead()
         joined = consumer_of(conn)
         if joined is None:
             raise InvalidParams(
@@ -212,7 +216,7 @@ class GroupCalls:
 
     def ack(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         group, entries = self._out(conn, args[0], "ack")
-        batch = self._committer.writable()
+        batch = self._writable()
         w = batch.group_writes()
         now = self._clock()
         for entry in entries:
@@ -225,7 +229,7 @@ class GroupCalls:
     def nack(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         ids, (delay, dead, reason) = args
         group, entries = self._out(conn, ids, "nack")
-        batch = self._committer.writable()
+        batch = self._writable()
         now = self._clock()
         killed = []
         for entry in entries:
@@ -265,7 +269,7 @@ class GroupCalls:
         for i, event_id in enumerate(ids):
             if event_id not in group.dead:
                 raise InvalidParams(f"ids[{i}]: event {event_id} is no dead letter of {name!r}")
-        batch = self._committer.writable()
+        batch = self._writable()
         w = batch.group_writes()
         entries = [group.dead[i] for i in ids]
         for entry in entries:
@@ -290,4 +294,5 @@ class GroupCalls:
         self._beside(conn, msgid, unconfirmed_plan(name, before, after, limit, self._kinds()))
 
     def _kinds(self) -> dict[str, frozenset[int] | None]:
+        self._lead()
         return {name: g.spec.kinds for name, g in self._groups.groups.items()}

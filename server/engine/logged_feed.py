@@ -39,6 +39,8 @@ class LoggedFeed(Feed):
         self.recent: deque[Change] = deque(maxlen=RECENT)
         #: ``synced_subscribe``, once the log was read to its end (``replica.route``)
         self.resync: Callable[[Replier, int | None, list[Any]], None] | None = None
+        #: the consumer groups', if this node serves them (``group_lead``)
+        self.taken: Callable[[list[Change]], None] | None = None
 
     def prepare(self, batch: Batch) -> None:
         """Its events take their ids in its transaction, from the commit log's row."""
@@ -73,6 +75,8 @@ class LoggedFeed(Feed):
         self.last_id = changes[-1].id
         self.recent.extend(changes)
         self._push(changes)
+        if self.taken is not None:
+            self.taken(changes)
 
     def _catch_up(self, sub: Subscription) -> bool:
         """A replay past its last page, live once sent what was applied since

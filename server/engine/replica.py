@@ -30,6 +30,8 @@ from .shape import EngineState
 log = logging.getLogger("tidal.engine")
 
 Handler = Callable[[Replier, int | None, list[Any]], None]
+#: a consumer group's, decided against the log's end too: where it starts (``from``)
+AT_END = ("group_create", "group_reset")
 
 
 class Replica:
@@ -174,7 +176,7 @@ class Replica:
         """Reads that span users, and cohort changes: each ``log`` method of the table is
         decided against the log's end (``synced``), and so is a feed's subscription."""
         for method in TABLE:
-            if method.route == "log" and method.name != "subscribe":
+            if (method.route == "log" and method.name != "subscribe") or method.name in AT_END:
                 methods[method.name] = self.synced(method.name, methods[method.name])
         self._feed.resync = self.synced("subscribe", self._feed.synced_subscribe)
 

@@ -27,6 +27,7 @@ from collections import Counter
 from typing import Any
 
 from tidal.client import Client, ClusterClient, ConnectionLost, Moved
+from tidal.protocol.partitions import GROUPS
 from tidal.testing.postgres import Cluster, free_port
 
 from ..conftest import Database, ServerProcess
@@ -75,7 +76,7 @@ class RoutedClient:
             client = await self.routed.node(router.owner(user))
             return await self._try(client, method, params)
         except Moved as exc:
-            router.moved(user, exc.address)
+            router.moved(router.part(user), exc.address)
             raise
         except (ConnectionLost, OSError):
             with contextlib.suppress(Exception):
@@ -132,6 +133,22 @@ class ClusterTarget:
 
     def seeds(self) -> str:
         return ",".join(n.address for n in self.nodes if n.running)
+
+    async def lead_port(self) -> int:
+        """The port of the node serving partition 0, and so the consumer groups, as a
+        running node's map says (``ConnectionError`` while none is known)."""
+        for node in self.nodes:
+            if not node.running:
+                continue
+            try:
+                async with await node.process.connect_with(timeout=2) as c:
+                    owner = (await c.call("partition_map"))["owners"][GROUPS][0]
+            except Exception:  # starting, or away: another node is asked
+                continue
+            for serving in self.nodes:
+                if serving.address == owner:
+                    return serving.port
+        raise ConnectionError("no node is known to serve the consumer groups now")
 
     async def dial(self, home: int, timeout: float, pinned: bool = False) -> RoutedClient:
         return await RoutedClient.connect(self.seeds(), home, timeout, pinned)

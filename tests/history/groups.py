@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,8 @@ class GroupHistory:
     acks: list[Ack] = field(default_factory=list)
     sessions: int = 0
     crashes: int = 0
+    #: the ports consumers subscribed at: in cluster mode, each node that served the groups
+    ports: set[int] = field(default_factory=set)
 
 
 class Session:
@@ -86,6 +88,7 @@ class Session:
         if error is not None:
             session.close()
             raise ConnectionError(f"subscribe refused: {error}")
+        record.ports.add(port)
         return session
 
     async def _read(self) -> None:
@@ -143,14 +146,19 @@ class Session:
             self.reading.cancel()
 
 
-async def consume(record: GroupHistory, port: Callable[[], int], up: asyncio.Event,
+#: the port of the server that serves the groups (in cluster mode, partition 0's node)
+Port = Callable[[], Awaitable[int]]
+
+
+async def consume(record: GroupHistory, port: Port, up: asyncio.Event,
                   stop: asyncio.Event, rng: random.Random) -> None:  # fmt: skip
-    """One consumer until ``stop``: it reconnects after a crash of its own or a fault."""
+    """One consumer until ``stop``: it reconnects after a crash of its own or a fault (in
+    cluster mode, to the node that serves the groups then: ``moved`` refuses the others)."""
     while not stop.is_set():
         if not await either(up, stop):
             return
         try:
-            session = await Session.open(record, port())
+            session = await Session.open(record, await port())
         except (ConnectionError, OSError):
             await asyncio.sleep(0.05)  # the server is away: a pace, not a synchronisation
             continue
@@ -195,7 +203,7 @@ async def either(up: asyncio.Event, stop: asyncio.Event) -> bool:
 
 
 class GroupLoad:
-    def __init__(self, record: GroupHistory, port: Callable[[], int], up: asyncio.Event,
+    def __init__(self, record: GroupHistory, port: Port, up: asyncio.Event,
                  rng: random.Random) -> None:  # fmt: skip
         self.record, self.port, self.up, self.rng = record, port, up, rng
         self.stop_ = asyncio.Event()
@@ -206,7 +214,7 @@ class GroupLoad:
         """The group, from the feed's start: made once, with the first load."""
         if self.made:
             return
-        async with await Client.connect("127.0.0.1", self.port(), timeout=60) as c:
+        async with await Client.connect("127.0.0.1", await self.port(), timeout=60) as c:
             with contextlib.suppress(InvalidParams):  # made already, by a try cut short
                 await c.call("group_create", GROUP, {"from": 0, "ack_wait": ACK_WAIT,
                                                      "max_deliveries": 1000})  # fmt: skip

@@ -59,6 +59,7 @@ class Summary:
         g = self.group
         grouped = "" if g is None else (
             f"; group: {len(g.deliveries)} deliveries to {g.sessions} consumer sessions"
+            f" on {len(g.ports)} ports"
             f" ({g.crashes} crashed unacknowledged), {sum(a.outcome == 'ok' for a in g.acks)}"
             f" acks of {sum(len(a.ids) for a in g.acks if a.outcome == 'ok')} events"
         )  # fmt: skip
@@ -81,7 +82,13 @@ async def check(
         routed = await target.dial(PROBE_USERS, 60)
         readers = await target.readers()
         try:
-            return await Checker(history, database, routed, readers, clustered=True).run()
+            checker = Checker(history, database, routed, readers, clustered=True)
+            anomalies = await checker.run()
+            if group is not None:  # served by partition 0's node, settled now
+                port = await target.lead_port()
+                async with await Client.connect("127.0.0.1", port, timeout=60) as c:
+                    anomalies += await group_checker.check(group, port, c, checker.sent)
+            return anomalies
         finally:
             await routed.close()
             for c in readers:
@@ -89,7 +96,7 @@ async def check(
     async with await Client.connect("127.0.0.1", target.port(), timeout=60) as c:
         checker = Checker(history, database, c, [c])
         anomalies = await checker.run()
-        if group is not None:  # one tidal's consumer group (cluster mode serves none)
+        if group is not None:
             anomalies += await group_checker.check(group, target.port(), c, checker.sent)
         return anomalies
 
@@ -124,36 +131,37 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
         load = Load(history, rng,
                     lambda i: routed.dial(PROBE_USERS + i, CALL_TIMEOUT, pinned=i < PROBES),
                     target.up, one_user=True)  # fmt: skip
+        group = GroupLoad(GroupHistory(), routed.lead_port, target.up, rng)
     else:
         target = Target(database, history, *extra, pg=pg, standby=standby, disk=disk)
         load = Load(history, rng, dial_port(target.port), target.up)
-    group = None
-    if isinstance(target, Target):  # cluster mode serves no consumer group
-        group = GroupLoad(GroupHistory(), target.port, target.up, rng)
+        one = target
+
+        async def port() -> int:
+            return one.port()
+
+        group = GroupLoad(GroupHistory(), port, target.up, rng)
     checks = 0
     try:
         await target.start()
         for n in range(faults):
             load.start()
-            if group is not None:
-                await group.make()
-                group.start()
+            await group.make()
+            group.start()
             await load.until(rng.randrange(50, 600))
             fault = rng.choice(target.faults(nemesis))
             await fault(rng)
             await load.until(rng.randrange(0, 100))
             await load.stop()
-            if group is not None:
-                await group.stop()
-            record = None if group is None else group.record
+            await group.stop()
             try:
-                anomalies = await check(history, database, target, record)
+                anomalies = await check(history, database, target, group.record)
             except (ConnectionLost, Unavailable) as exc:
                 # its tidal let the database go meanwhile, and the standby took it: the
                 # check is made again of the one that serves now (``Target.settle``)
                 if isinstance(exc, Unavailable) and "took the database" not in str(exc):
                     raise
-                anomalies = await check(history, database, target, record)
+                anomalies = await check(history, database, target, group.record)
             checks += 1
             used, allowed = load.memory_over
             if used:
@@ -181,8 +189,7 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
         raise
     finally:
         await load.stop()
-        if group is not None:
-            await group.stop()
+        await group.stop()
         await target.close()
     ops = history.ops
     return Summary(
@@ -191,5 +198,5 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
         sum(op.outcome == "fail" for op in ops),
         sum(op.outcome == "fail" and " full: " in str(op.reply) for op in ops),
         len(history.faults), checks, 0,
-        time.monotonic() - began, None if group is None else group.record,
+        time.monotonic() - began, group.record,
     )  # fmt: skip

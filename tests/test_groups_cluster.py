@@ -1,0 +1,145 @@
+"""Consumer groups in cluster mode, on three real nodes and a real PostgreSQL: partition 0's
+node serves every group, from the events of every node's commits in log order; the
+others answer ``moved`` naming it, which the cluster client follows. Killed (kill -9) or
+stopped, its groups are served by the node that takes partition 0, as committed: what
+was acknowledged is never sent again, what was not is, and each user's events still
+come in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from tidal.client import (
+    Client,
+    ClusterClient,
+    ConnectionLost,
+    Moved,
+    SyncClusterClient,
+    TidalError,
+)
+from tidal.client.consumer import Consumer
+from tidal.protocol.partitions import GROUPS
+
+from .conftest import Database, ServerProcess
+from .test_cluster import Nodes
+
+pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
+
+
+@pytest.fixture
+async def cluster(database: Database) -> AsyncIterator[Nodes]:
+    nodes = Nodes(database)
+    yield nodes
+    await nodes.stop()
+
+
+@dataclass
+class Taker:
+    """One consumer: what it received (id, user, deliveries, when) and when each ack was
+    answered."""
+
+    consumer: Consumer
+    got: list[tuple[int, int | None, int, float]] = field(default_factory=list)
+    acked: dict[int, float] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        async for d in self.consumer:
+            self.got.append((d.id, d.user_id, d.deliveries, time.monotonic()))
+            with contextlib.suppress(ConnectionLost, TidalError):  # sent again: acked then
+                await d.ack()
+                self.acked[d.id] = time.monotonic()
+
+
+async def lead(nodes: Nodes, serving: list[ServerProcess]) -> ServerProcess:
+    """The node that serves partition 0, and with it the groups."""
+    owner = (await nodes.map(serving[0]))["owners"][GROUPS][0]
+    return next(n for n in serving if nodes.address(n) == owner)
+
+
+async def until(check: object, what: str, within: float = 30.0) -> None:
+    began = time.monotonic()
+    while not await check():  # type: ignore[operator]
+        if time.monotonic() - began > within:
+            raise AssertionError(f"not within {within}s: {what}")
+        await asyncio.sleep(0.05)  # another process's state, polled: a pace
+
+
+async def test_the_groups_node_serves_every_node_s_events_and_moves_with_partition_0(
+    cluster: Nodes, database: Database
+) -> None:
+    serving = await cluster.serving(3)
+    first = await lead(cluster, serving)
+    other = next(n for n in serving if n is not first)
+    async with await Client.connect("127.0.0.1", other.port, timeout=10) as plain:
+        with pytest.raises(Moved) as moved:
+            await plain.group_create("index")
+        assert moved.value.address == cluster.address(first), moved.value
+    async with await ClusterClient.connect("127.0.0.1", other.port, timeout=10) as c:
+        made = await c.group_create("index", ack_wait=3600, max_deliveries=5)
+        assert made["cursor"] == 0, made
+        takers = [Taker(c.consume("index")) for _ in range(2)]
+        runs = [asyncio.create_task(t.run()) for t in takers]
+        users = range(1, 61)  # spread over every node's partitions
+        for user in users:
+            await c.leave(user)
+            await c.rejoin(user)
+
+        async def delivered(n: int) -> bool:
+            return len({g[0] for t in takers for g in t.got}) >= n
+
+        await until(lambda: delivered(120), "120 events, from three nodes, delivered")
+        await first.kill9()
+        serving.remove(first)
+        for user in users:
+            await c.leave(user)
+        second = await lead(cluster, serving)
+        assert second is not first
+
+        async def drained() -> bool:
+            groups = await c.groups()
+            return bool(groups) and groups[0]["pending"] == 0 and groups[0]["lag_events"] == 0
+
+        await until(lambda: delivered(180), "every event delivered after the kill")
+        await until(drained, "the group drained on the node that took partition 0")
+        [group] = await c.groups()
+        assert group["cursor"] == group["last_id"] == 180, group
+        for run in runs:
+            run.cancel()
+        for t in takers:
+            await t.consumer.close()
+        got = [g for t in takers for g in t.got]
+        acked = {i: at for t in takers for i, at in t.acked.items()}
+        assert {g[0] for g in got} == set(range(1, 181))
+        again = [g for g in got if g[0] in acked and g[3] > acked[g[0]] + 0.5]
+        assert not again, f"sent again after its ack was answered: {again[:5]}"
+        firsts: dict[int, list[int]] = {}
+        for event_id, who, _, _ in sorted(got, key=lambda g: g[3]):
+            seen = firsts.setdefault(who or 0, [])
+            if event_id not in seen:
+                seen.append(event_id)
+        out_of_order = {u: ids for u, ids in firsts.items() if ids != sorted(ids)}
+        assert not out_of_order, f"a user's events first received out of order: {out_of_order}"
+        receipt = await c.receipt(7)
+        [leave] = [o for o in receipt["optouts"] if o["event"] == "leave"]
+        assert leave["groups"]["index"]["state"] == "acknowledged", receipt
+        assert (await c.unconfirmed(older_than=0))["users"] == []
+        await c.leave(99)
+
+    def blocking() -> list[tuple[int, int | None]]:
+        """The blocking cluster client finds the groups' node from any node too."""
+        with SyncClusterClient(cluster.address(other), timeout=10) as sync:
+            consumer = sync.consume("index")
+            try:
+                d = next(consumer)
+                d.ack()
+                return [(d.id, d.user_id)]
+            finally:
+                consumer.close()
+
+    assert await asyncio.to_thread(blocking) == [(181, 99)]
