@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from tidal.client.consumer import Consumer
 from tidal.protocol.partitions import GROUPS
 
 from .conftest import Database, ServerProcess
+from .group_peer import GroupPeer
 from .test_cluster import Nodes
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
@@ -143,3 +145,52 @@ async def test_the_groups_node_serves_every_node_s_events_and_moves_with_partiti
                 consumer.close()
 
     assert await asyncio.to_thread(blocking) == [(181, 99)]
+
+
+async def test_a_paused_groups_node_commits_nothing_more_and_sends_its_consumers_on(
+    cluster: Nodes, database: Database
+) -> None:
+    """The groups' node paused past its session: another takes partition 0 and serves the
+    group as committed (what was out is sent again, its count raised from disk); resumed,
+    the paused node's ack is refused, and its consumer is ended with ``moved`` naming the
+    node that serves the groups now."""
+    serving = await cluster.serving(3, "--db-idle-timeout", "2")
+    paused = await lead(cluster, serving)
+    others = [n for n in serving if n is not paused]
+    seeds = ",".join(cluster.address(n) for n in others)
+    async with await ClusterClient.connect(seeds, timeout=10) as c:
+        await c.group_create("index", ack_wait=3600, max_deliveries=5)
+        peer = await GroupPeer.join(("127.0.0.1", paused.port), "index")
+        for user in range(1, 6):
+            await c.leave(user)
+        await peer.until(5)
+        error, acked = await peer.call("ack", [1, 2])
+        assert error is None and acked["cursor"] == 2, (error, acked)
+        assert paused.proc is not None
+        paused.proc.send_signal(signal.SIGSTOP)
+        try:
+            await cluster.settled(others, within=20)
+            await c.refresh()  # the map it had names the paused node
+            [group] = await c.groups()  # on the node that took partition 0
+            assert group["cursor"] == 2 and group["consumers"] == [], group
+            taker = Taker(c.consume("index"))
+            run = asyncio.create_task(taker.run())
+            await until(lambda: _drained(c), "the events out to the paused node sent again")
+            run.cancel()
+            await taker.consumer.close()
+        finally:
+            paused.proc.send_signal(signal.SIGCONT)
+        assert sorted((g[0], g[2]) for g in taker.got) == [(3, 2), (4, 2), (5, 2)]
+        error, _ = await peer.call("ack", [3])
+        assert error is not None and error[0] in (2, 4), error  # refused: not its groups now
+        assert await peer.closed()
+        new = (await cluster.map(others[0]))["owners"][GROUPS][0]
+        assert peer.ended is not None and peer.ended[0] == 4, peer.ended
+        assert peer.ended[1].endswith(f"served by {new}"), peer.ended
+        [group] = await c.groups()
+        assert group["cursor"] == 5 and group["pending"] == 0, group
+
+
+async def _drained(c: ClusterClient) -> bool:
+    groups = await c.groups()
+    return bool(groups) and groups[0]["cursor"] == 5 and groups[0]["pending"] == 0
