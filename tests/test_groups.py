@@ -279,3 +279,34 @@ async def test_events_retention_took_before_a_group_read_them_are_named_until_re
             assert peer.ids() == [6]
     finally:
         await srv.shutdown()
+
+
+async def test_acks_ride_in_the_next_write_s_commit_not_one_of_their_own(
+    started: Server,
+) -> None:
+    """One client writing one leave at a time, one consumer acknowledging each event as it
+    comes: the acks wait a moment for the next leave and share its commit (``linger``),
+    rather than put a commit of their own before it. Without that, a commit each: twice
+    as many."""
+    async with await Client.connect(*started.address, timeout=10) as c:
+        await c.group_create("index")
+        acked: list[int] = []
+
+        async def consume() -> None:
+            async for d in c.consume("index"):
+                await d.ack()
+                acked.append(d.id)
+
+        task = asyncio.create_task(consume())
+        await consumers(c, "index", 1)
+        before = (await c.stats())["commits"]
+        for user in range(1, 101):
+            await c.leave(user)
+        await until(lambda: _settled(acked, 100), "every leave acknowledged")
+        commits = (await c.stats())["commits"] - before
+        task.cancel()
+    assert commits <= 125, f"{commits} commits for 100 leaves and their 100 acks"
+
+
+async def _settled(acked: list[int], count: int) -> bool:
+    return len(acked) >= count

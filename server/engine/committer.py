@@ -26,6 +26,7 @@ from tidal.server.storage.interface import Storage
 
 from .cycle import Cycle, Transaction
 from .delivery import deliver, refusal, refuse
+from .linger import Linger
 from .outage import Outage, refusals
 from .room import ReplyRoom
 
@@ -74,6 +75,7 @@ class Committer:
         #: what it knows of the storage's failures, as writes, health and metrics see them
         self.outage = Outage(storage)
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
+        self.linger = Linger()  # a batch of the groups' writes alone waits for company
         self._closing = False
         self._rewrite_until = 0.0
         self._last_tried = False
@@ -111,6 +113,7 @@ class Committer:
         batch = self.open
         batch.replies.append((conn, msgid, result))
         batch.writers.add(conn)
+        self.linger.joined(batch)
         if self._idle is not None:
             self.wake()
         if batch.signals >= OPEN_SIGNALS or batch.fanout >= OPEN_FANOUT:
@@ -133,6 +136,7 @@ class Committer:
         self.open.replies.append((conn, msgid, result))
         if result.is_read:
             self.room.take(conn, result)
+        self.linger.joined()
         self.wake()
 
     def settled(self) -> asyncio.Future[None]:
@@ -161,6 +165,9 @@ class Committer:
                     return
                 self._last_tried = True
             elif self.outage.failed_for_good is None:
+                if self.linger.wanted(batch) and not self._closing:
+                    await self.linger.wait(batch)
+                    continue  # with what joined it meanwhile
                 self._cycle.prepare(batch)
             self.open = Batch(self._next_seq())
             self.inflight = batch
@@ -285,13 +292,8 @@ class Committer:
         if exc.moved:  # cluster mode: another node serves these partitions now
             log.warning("%s; this node stops serving them", exc)
             self._router.lost(exc.moved)
-            refuse(
-                self.room,
-                (batch, later),
-                f"moved: {exc} while this request was being committed; nothing of it was"
-                " saved; served by unknown",
-                ErrorCode.MOVED,
-            )
+            moved = f"moved: {exc} while this request was being committed; nothing of it was"
+            refuse(self.room, (batch, later), f"{moved} saved; served by unknown", ErrorCode.MOVED)
             return
         self.outage.refused(exc)
         refuse(self.room, (batch, later), refusal(exc))
