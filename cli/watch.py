@@ -110,11 +110,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def consume(args: argparse.Namespace, tls: ssl.SSLContext | None) -> int:
     """``--group``: each delivery printed, with how often it was sent, then acknowledged;
-    the consumer reconnects by itself (what it had not acknowledged comes again)."""
-    from tidal.client import ServerError, SyncClient, TidalError
+    the consumer reconnects by itself (what it had not acknowledged comes again), in
+    cluster mode to the node serving the groups then, whichever node it was given."""
+    from tidal.client import ServerError, SyncClusterClient, TidalError
 
     try:
-        with SyncClient(
+        with SyncClusterClient(
             args.host, args.port, timeout=args.timeout, token=args.token, ssl=tls
         ) as client, client.consume(args.group) as deliveries:  # fmt: skip
             for d in deliveries:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -194,3 +196,43 @@ async def test_a_paused_groups_node_commits_nothing_more_and_sends_its_consumers
 async def _drained(c: ClusterClient) -> bool:
     groups = await c.groups()
     return bool(groups) and groups[0]["cursor"] == 5 and groups[0]["pending"] == 0
+
+
+async def test_the_tools_reach_the_groups_through_any_node(cluster: Nodes) -> None:
+    """``tidal groups``, ``tidal receipt`` and ``tidal watch --group`` given a node that does
+    not serve the groups: the first two follow ``moved``; watch consumes at the node the
+    partition map names."""
+    serving = await cluster.serving(3)
+    first = await lead(cluster, serving)
+    port = str(next(n for n in serving if n is not first).port)
+    async with await ClusterClient.connect("127.0.0.1", int(port), timeout=10) as c:
+        await c.group_create("search")
+        await c.leave(42)
+        watch = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tidal.cli", "watch", "--group", "search", "--port", port,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert watch.stdout is not None
+        try:
+            shown = await asyncio.wait_for(watch.stdout.readline(), 30)
+            assert shown.decode().startswith("1 leave at=") and " user_id=42 " in shown.decode()
+            await until(lambda: _acknowledged(c), "watch acknowledged what it printed")
+        finally:
+            watch.terminate()
+            await watch.wait()
+    done = await asyncio.to_thread(tidal, "groups", "--port", port)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].split()[:2] == ["search", "1"], done.stdout
+    done = await asyncio.to_thread(tidal, "receipt", "42", "--port", port)
+    assert done.returncode == 0 and "acknowledged" in done.stdout, (done.stdout, done.stderr)
+
+
+async def _acknowledged(c: ClusterClient) -> bool:
+    receipt = await c.receipt(42)
+    return bool(receipt["optouts"][0]["groups"]["search"]["state"] == "acknowledged")
+
+
+def tidal(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, timeout=60
+    )
