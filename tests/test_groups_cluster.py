@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -32,6 +31,7 @@ from tidal.protocol.partitions import GROUPS
 from .conftest import Database, ServerProcess
 from .group_peer import GroupPeer
 from .test_cluster import Nodes
+from .test_groups_durable import tidal
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 
@@ -230,9 +230,3 @@ async def test_the_tools_reach_the_groups_through_any_node(cluster: Nodes) -> No
 async def _acknowledged(c: ClusterClient) -> bool:
     receipt = await c.receipt(42)
     return bool(receipt["optouts"][0]["groups"]["search"]["state"] == "acknowledged")
-
-
-def tidal(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidal.cli", *args], capture_output=True, text=True, timeout=60
-    )
