@@ -40,8 +40,10 @@ ENV TIDAL_HOST=0.0.0.0 \
     TIDAL_PORT=7411 \
     TIDAL_DB=/data/tidal.db \
     TIDAL_LOG_FORMAT=json \
+    TIDAL_METRICS_PORT=7412 \
     PYTHONUNBUFFERED=1
-EXPOSE 7411
+# 7412: Prometheus metrics, on by default in the image (published only where asked)
+EXPOSE 7411 7412
 # Healthy only when the database is loaded and storage takes writes (see README, Health).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["tidal", "health", "--host", "127.0.0.1", "--timeout", "3"]

@@ -31,7 +31,7 @@ $(SERVE_STAMP): pyproject.toml $(SOURCES)
 	touch $@
 
 run: $(SERVE_STAMP)
-	$(BIN)/tidal serve
+	$(BIN)/tidal serve --metrics-port 7412
 
 test: lint pytest
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sized
-from typing import Any, Final, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
@@ -24,67 +24,17 @@ from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
+    InfoMetricFamily,
     Metric,
 )
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from tidal.protocol import METHODS
+from tidal.protocol import METHODS, ErrorCode
 
-from .group_metrics import Groups, group_metrics
-
-
-class Backend(Protocol):
-    @property
-    def backend(self) -> str: ...
-
-
-class Feed(Protocol):
-    sent: int
-    lagged: int
-
-    def __len__(self) -> int: ...
-
-
-class Budget(Protocol):
-    limit: int
-    refused: int
-
-    def used(self) -> int: ...
-
-    def full(self) -> bool: ...
-
-
-class Engine(Protocol):
-    """The engine, as the metrics read it: a shape, as the engine imports the metrics."""
-
-    @property
-    def signals(self) -> int: ...
-
-    @property
-    def forwarded(self) -> int: ...
-
-    @property
-    def members(self) -> Sized: ...  # the users who have left
-
-    @property
-    def storage(self) -> Backend: ...
-
-    @property
-    def health(self) -> Callable[[], dict[str, Any]]: ...
-
-    @property
-    def feed(self) -> Feed: ...
-
-    @property
-    def tallies(self) -> int: ...  # aggregates held on the board
-
-    @property
-    def budget(self) -> Budget: ...
-
-    @property
-    def groups(self) -> Groups: ...
-
+from .engine_metrics import Engine, counter, engine_metrics
+from .group_metrics import group_metrics
+from .version import VERSION, compiled
 
 LATENCY_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 BATCH_BUCKETS: Final = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
@@ -120,6 +70,9 @@ class Metrics:
         self.errors: dict[int, int] = {}
         self.leaves = 0
         self.rejoins = 0
+        self.purges = 0
+        self.erasures = 0
+        self.withdrawn = 0  # signals purged or erased
         self.latency: dict[str, Histogram] = {}
         self.batch_size = Histogram(BATCH_BUCKETS)
         self.commit_seconds = Histogram(COMMIT_BUCKETS)
@@ -175,6 +128,11 @@ class _Collector(Collector):
         engine = m.engine()
         signals, forwarded = (engine.signals, engine.forwarded) if engine else (0, 0)
         storage = engine.health()["storage"] if engine else "loading"
+        yield InfoMetricFamily(
+            "tidal_build",
+            "tidal's version, and whether its hot modules run compiled (mypyc).",
+            value={"version": VERSION, "compiled": str(compiled()).lower()},
+        )
         yield GaugeMetricFamily(
             "tidal_ready",
             "1 once the database is loaded and requests are served.",
@@ -194,23 +152,28 @@ class _Collector(Collector):
             yield backend
         yield from _traffic(m, signals, forwarded)
         yield GaugeMetricFamily("tidal_connections", "Open connections.", value=m.connections())
-        yield from _memory(engine)
-        yield from _users(engine)
+        yield from engine_metrics(engine)
         yield from group_metrics(engine.groups if engine else None)
 
 
 def _traffic(m: Metrics, signals: int, forwarded: int) -> Iterator[Metric]:
     """What came in and what was answered: signals, leaves, errors, latencies, commits."""
-    yield _counter("tidal_signals", "Signals committed to the ledger.", signals)
-    yield _counter("tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded)
-    yield _counter(
-        "tidal_gated", "Signals of users who had left: ledger only.", signals - forwarded
+    yield counter("tidal_signals", "Signals committed to the ledger.", signals)
+    yield counter("tidal_forwarded", "Signals fanned out to cohorts and communities.", forwarded)
+    yield counter("tidal_gated", "Signals of users who had left: ledger only.", signals - forwarded)
+    yield counter("tidal_leaves", "Leaves committed.", m.leaves)
+    yield counter("tidal_rejoins", "Rejoins committed.", m.rejoins)
+    yield counter("tidal_purges", "Purges committed (a leave with purge among them).", m.purges)
+    yield counter("tidal_erasures", "Erasures committed.", m.erasures)
+    yield counter(
+        "tidal_withdrawn_signals", "Signals purged or erased: taken off every aggregate.",
+        m.withdrawn,
+    )  # fmt: skip
+    errors = CounterMetricFamily(
+        "tidal_errors", "Error replies, by code and its name.", labels=["code", "name"]
     )
-    yield _counter("tidal_leaves", "Leaves committed.", m.leaves)
-    yield _counter("tidal_rejoins", "Rejoins committed.", m.rejoins)
-    errors = CounterMetricFamily("tidal_errors", "Error replies, by code.", labels=["code"])
     for code, count in sorted(m.errors.items()):
-        errors.add_metric([str(code)], count)
+        errors.add_metric([str(code), error_name(code)], count)
     yield errors
     latency = HistogramMetricFamily(
         "tidal_request_seconds",
@@ -224,54 +187,12 @@ def _traffic(m: Metrics, signals: int, forwarded: int) -> Iterator[Metric]:
     yield _histogram("tidal_commit_seconds", "Duration of a group commit.", m.commit_seconds)
 
 
-def _memory(engine: Engine | None) -> Iterator[Metric]:
-    """The aggregates, and the memory budget they are held to."""
-    budget = engine.budget if engine else None
-    yield GaugeMetricFamily(
-        "tidal_aggregates", "Aggregates held in memory.", value=engine.tallies if engine else 0
-    )
-    yield GaugeMetricFamily(
-        "tidal_aggregates_bytes",
-        "Memory the aggregates take, as the memory budget counts it.",
-        value=budget.used() if budget else 0,
-    )
-    yield GaugeMetricFamily(
-        "tidal_memory_budget_bytes",
-        "The memory budget of the aggregates (--memory-budget); 0: no budget.",
-        value=budget.limit if budget and budget.limit < 2**62 else 0,
-    )
-    yield GaugeMetricFamily(
-        "tidal_memory_full",
-        "1 while less than 1% of the memory budget is left: writes that would create"
-        " aggregates are refused.",
-        value=int(budget.full()) if budget else 0,
-    )
-    yield _counter(
-        "tidal_writes_refused_full",
-        "Writes refused for the memory budget (error 2 'full:').",
-        budget.refused if budget else 0,
-    )
-
-
-def _users(engine: Engine | None) -> Iterator[Metric]:
-    """Users who have left, and the change feed's subscribers."""
-    users_left = len(engine.members) if engine else 0
-    yield GaugeMetricFamily("tidal_users_left", "Users who have left now.", value=users_left)
-    feed = engine.feed if engine else None
-    yield GaugeMetricFamily(
-        "tidal_subscribers", "Change feed subscribers now.", value=len(feed) if feed else 0
-    )
-    sent = feed.sent if feed else 0
-    yield _counter("tidal_events_sent", "Change feed events written to subscribers.", sent)
-    yield _counter(
-        "tidal_subscribers_lagging",
-        "Subscribers closed for lagging: too much written to them still unread.",
-        feed.lagged if feed else 0,
-    )
-
-
-def _counter(name: str, doc: str, value: int) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, value=value)
+def error_name(code: int) -> str:
+    """The error code's name (PROTOCOL.md), lower case: ``invalid_params``, ``unavailable``."""
+    try:
+        return ErrorCode(code).name.lower()
+    except ValueError:
+        return "other"
 
 
 def _histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:

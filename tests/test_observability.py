@@ -14,6 +14,7 @@ import pytest
 from tidal.client import Client, InvalidParams, MethodNotFound, Signal
 from tidal.protocol import METHODS
 from tidal.server import Config, Server
+from tidal.server.version import VERSION
 
 from .conftest import ServerProcess
 from .rawrpc import RawPeer
@@ -60,34 +61,54 @@ async def test_metrics_count_what_happened(db_path: Path) -> None:
             await c.signal_batch([Signal(3, "e", "view")] * 3)
             await c.leave(4)
             await c.rejoin(4)
+            await c.signal(5, "e", "view")
+            await c.signal(5, "e", "like")
+            assert (await c.purge(5)).signals == 2
+            await c.signal(6, "e", "view")
+            assert (await c.erase(6)).signals == 1
             with pytest.raises(InvalidParams):
                 await c.call("signal", -1, "e", "view")
             for name in ("junkA", "junkB", "junkC"):  # made-up methods add no series
                 with pytest.raises(MethodNotFound):
                     await c.call(name)
+            for _ in range(1000):  # the erased row leaves the ledger as its rewrite commits
+                if (await c.stats())["ledger_rewriting"] == 0:
+                    break
+                await asyncio.sleep(0.01)
             text = await asyncio.to_thread(scrape, server.metrics_port)
         peer.close()
     finally:
         await server.shutdown()
     assert value(text, "tidal_subscribers") == 1
-    assert value(text, "tidal_events_sent_total") == 3  # 2 leaves, 1 rejoin
+    assert value(text, "tidal_events_sent_total") == 5  # 2 leaves, 1 rejoin, 1 purge, 1 erase
+    assert value(text, "tidal_last_event_id") == 5
     assert value(text, "tidal_subscribers_lagging_total") == 0
-    assert value(text, "tidal_signals_total") == 5
-    assert value(text, "tidal_forwarded_total") == 4
+    assert value(text, "tidal_signals_total") == 8
+    assert value(text, "tidal_forwarded_total") == 7
     assert value(text, "tidal_gated_total") == 1
-    assert value(text, "tidal_leaves_total") == 2
+    assert value(text, "tidal_leaves_total") == 3  # an erasure leaves too
     assert value(text, "tidal_rejoins_total") == 1
-    assert value(text, 'tidal_errors_total{code="-32602"}') == 1
-    assert value(text, "tidal_users_left") == 1
+    assert value(text, "tidal_purges_total") == 1
+    assert value(text, "tidal_erasures_total") == 1
+    assert value(text, "tidal_withdrawn_signals_total") == 3
+    assert value(text, "tidal_ledger_rows") == 7  # 8 signals, the erased user's row gone
+    assert value(text, "tidal_database_bytes") > 0
+    assert value(text, 'tidal_errors_total{code="-32602",name="invalid_params"}') == 1
+    assert value(text, 'tidal_errors_total{code="-32601",name="method_not_found"}') == 3
+    version = re.search(r'^tidal_build_info\{compiled="(true|false)",version="([^"]+)"\} 1\.0$',
+                        text, re.MULTILINE)  # fmt: skip
+    assert version is not None and version[2] == VERSION, text[:300]
+    assert value(text, "tidal_users_left") == 2  # 1, and 6 (erased)
     assert value(text, "tidal_connections") == 2  # the client, the subscriber
-    assert value(text, 'tidal_request_seconds_count{method="signal"}') == 3
+    assert value(text, 'tidal_request_seconds_count{method="signal"}') == 6
     assert value(text, 'tidal_request_seconds_count{method="signal_batch"}') == 1
     assert value(text, 'tidal_request_seconds_count{method="other"}') == 3
     assert "junk" not in text
     # the one list of names metrics label by is the server's own table, and auth
     assert set(server.engine._methods) | {"auth"} == METHODS
     assert value(text, "tidal_commit_batch_size_count") >= 1
-    assert value(text, "tidal_commit_batch_size_sum") == 8  # 5 signals, 2 leaves, 1 rejoin
+    # 8 signals, 2 leaves, 1 rejoin, a purge, and an erasure (its leave and itself)
+    assert value(text, "tidal_commit_batch_size_sum") == 14
     assert value(text, 'tidal_commit_seconds_bucket{le="+Inf"}') >= 1
 
 

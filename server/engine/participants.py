@@ -84,6 +84,12 @@ def count(metrics: Metrics | None, batch: Batch) -> None:
     if metrics is not None:
         metrics.leaves += batch.leaves
         metrics.rejoins += batch.rejoins
+        for w in batch.past:
+            if w.erase:
+                metrics.erasures += 1
+            else:
+                metrics.purges += 1
+            metrics.withdrawn += w.signals
 
 
 class Checkpoint(Participant):
