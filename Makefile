@@ -45,7 +45,8 @@ pytest: $(STAMP) tools
 # beside podman: its default runtime, crun, cannot start containers where cgroups are v1 or
 # hybrid, and deploy/oci-runtime.sh picks runc there. iptables drops a relay's packets: a
 # network to PostgreSQL that goes silent (tests/test_pg_wedge.py). patroni and etcd-server
-# run PostgreSQL failing over under load (tests/test_failover.py).
+# run PostgreSQL failing over under load (tests/test_failover.py). prometheus (with promtool)
+# tests the alerts and scrapes a loaded tidal (tests/test_monitoring.py).
 APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
              $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15) \
              $(if $(shell command -v podman),,podman) \
@@ -53,7 +54,8 @@ APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
              $(if $(wildcard /usr/sbin/iptables),,iptables) \
              $(if $(shell command -v debootstrap),,debootstrap) \
              $(if $(shell command -v patroni),,patroni) \
-             $(if $(shell command -v etcd),,etcd-server)
+             $(if $(shell command -v etcd),,etcd-server) \
+             $(if $(shell command -v promtool),,prometheus)
 tools:
 	@if [ -n "$(strip $(APT_TOOLS))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

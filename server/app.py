@@ -203,7 +203,10 @@ class Server:
         def engine() -> Engine | None:
             return self._engine
 
-        metrics.bind(engine, lambda: len(self.connections))
+        def waiting() -> bool:
+            return isinstance(self.state.handler, Standby)
+
+        metrics.bind(engine, lambda: len(self.connections), waiting, self.config.standby)
         try:
             self._metrics_server = metrics.serve(self.config.host, self.config.metrics_port)
         except OSError as exc:

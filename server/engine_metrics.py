@@ -37,6 +37,11 @@ class Budget(Protocol):
     def full(self) -> bool: ...
 
 
+class Partitions(Protocol):
+    owned: dict[int, int]
+    map: list[tuple[str | None, int]]
+
+
 class Engine(Protocol):
     """The engine, as the metrics read it: a shape, as the engine imports the metrics."""
 
@@ -63,6 +68,9 @@ class Engine(Protocol):
 
     @property
     def ledger_rows(self) -> int: ...
+
+    @property
+    def owners(self) -> Partitions | None: ...  # cluster mode's
 
     @property
     def budget(self) -> Budget: ...
@@ -122,6 +130,24 @@ def engine_metrics(engine: Engine | None) -> Iterator[Metric]:
     yield from _memory(engine)
     yield from _users(engine)
     yield from _stored(engine)
+    yield from _partitions(engine.owners if engine else None)
+
+
+def _partitions(owners: Partitions | None) -> Iterator[Metric]:
+    """Cluster mode: the partitions this node serves, and those no live node served at its
+    last read of the partition table (0 on one tidal, which serves every user)."""
+    yield GaugeMetricFamily(
+        "tidal_cluster_partitions_owned",
+        "Cluster mode: partitions this node serves now.",
+        value=len(owners.owned) if owners else 0,
+    )
+    unserved = sum(node is None for node, _ in owners.map) if owners else 0
+    yield GaugeMetricFamily(
+        "tidal_cluster_partitions_unserved",
+        "Cluster mode: partitions no live node served at this node's last read of the"
+        " partition table (each node reads it every 0.5 s).",
+        value=unserved,
+    )
 
 
 def _stored(engine: Engine | None) -> Iterator[Metric]:

@@ -15,6 +15,7 @@ class Figures(NamedTuple):
 
     group: str
     lag_events: int
+    lag_s: float  # the age of the oldest event it has not settled
     pending: int
     oldest_unacked_s: float
     redelivered: int
@@ -31,6 +32,10 @@ def group_metrics(engine_groups: Groups | None) -> Iterator[Metric]:
     groups = engine_groups.figures() if engine_groups is not None else []
     gauges = {
         "lag_events": ("tidal_group_lag_events", "Events past the group's cursor."),
+        "lag_s": (
+            "tidal_group_lag_seconds",
+            "Seconds since the oldest event the group has not settled was written.",
+        ),
         "pending": ("tidal_group_pending", "Events out to consumers, unacknowledged."),
         "oldest_unacked_s": (
             "tidal_group_oldest_unacked_seconds",

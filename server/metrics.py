@@ -78,6 +78,8 @@ class Metrics:
         self.commit_seconds = Histogram(COMMIT_BUCKETS)
         self.engine: Callable[[], Engine | None] = lambda: None
         self.connections: Callable[[], int] = lambda: 0
+        self.waiting: Callable[[], bool] = lambda: False  # as a standby, for the lock
+        self.standby_enabled = False  # started with --standby
 
     def serve(self, host: str, port: int) -> Any:
         """prometheus-client's HTTP server for ``registry()``, on its own thread: scrapes
@@ -92,8 +94,10 @@ class Metrics:
         threading.Thread(target=server.serve_forever, name="tidal-metrics", daemon=True).start()
         return server
 
-    def bind(self, engine: Callable[[], Engine | None], connections: Callable[[], int]) -> None:
+    def bind(self, engine: Callable[[], Engine | None], connections: Callable[[], int],
+             waiting: Callable[[], bool], standby_enabled: bool) -> None:  # fmt: skip
         self.engine, self.connections = engine, connections
+        self.waiting, self.standby_enabled = waiting, standby_enabled
 
     def observe_latency(self, method: str, seconds: float) -> None:
         """Labelled by method for tidal's methods only: any other name a client sends is
@@ -137,6 +141,17 @@ class _Collector(Collector):
             "tidal_ready",
             "1 once the database is loaded and requests are served.",
             value=int(engine is not None),
+        )
+        yield GaugeMetricFamily(
+            "tidal_standby",
+            "1 while this process waits as a standby for the serving tidal's lock.",
+            value=int(m.waiting()),
+        )
+        yield GaugeMetricFamily(
+            "tidal_standby_enabled",
+            "1 if started with --standby: its deployment keeps a standby beside the one that"
+            " serves.",
+            value=int(m.standby_enabled),
         )
         yield GaugeMetricFamily(
             "tidal_storage_up",

@@ -67,8 +67,10 @@ def _figures(group: Group, last: int, now: int) -> Figures:
     old = now - UNCONFIRMED_AFTER
     unconfirmed = sum(1 for e in held if e.kind in OPTOUTS and e.at_ns < old)
     lost = 0 if group.lost is None else group.lost[1] - group.lost[0] + 1
+    first = next(iter(list(group.window.values())), None)
     return Figures(
-        group.name, max(0, last - group.cursor()), len(sent),
+        group.name, max(0, last - group.cursor()),
+        max(0.0, (now - first.at_ns) / 1e9) if first is not None else 0.0, len(sent),
         max(0.0, (now - min(sent)) / 1e9) if sent else 0.0,
         group.redelivered, len(group.dead), unconfirmed, lost,
     )  # fmt: skip
