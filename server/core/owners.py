@@ -78,7 +78,7 @@ class Owners(Router):
         if epoch is None:
             self.refuse(user_id, part)
         if time.monotonic() > self.valid_until:
-            self._unconfirmed(user_id, part)
+            self._unconfirmed(part, f"user {user_id}")
         if batch is not None:
             batch.parts[part] = epoch
 
@@ -93,7 +93,7 @@ class Owners(Router):
             if epoch is None:
                 self.refuse(user_id, part)
             if not confirmed:
-                self._unconfirmed(user_id, part)
+                self._unconfirmed(part, f"user {user_id}")
             if batch is not None:
                 batch.parts[part] = epoch
 
@@ -102,20 +102,9 @@ class Owners(Router):
         that lost it commits nothing more for a group (``engine.consumers``)."""
         epoch = self.owned.get(LEAD)
         if epoch is None:
-            if LEAD in self.loading:
-                raise Unavailable("starting: consumer groups are loading on this node; retry")
-            address = self.map[LEAD][0]
-            if address == self.node:
-                address = None
-            raise Moved(
-                "moved: consumer groups are served by partition 0's node, served by"
-                f" {address or 'unknown'}"
-            )
+            self._refuse(LEAD, "consumer groups are served by partition 0's node", "the groups")
         if time.monotonic() > self.valid_until:
-            raise Unavailable(
-                "starting: this node is confirming that it still serves partition 0"
-                " (consumer groups); retry"
-            )
+            self._unconfirmed(LEAD, "consumer groups")
         if batch is not None:
             batch.parts[LEAD] = epoch
 
@@ -124,23 +113,24 @@ class Owners(Router):
             self.owned.pop(part, None)
 
     @staticmethod
-    def _unconfirmed(user_id: int, part: int) -> NoReturn:
+    def _unconfirmed(part: int, what: str) -> NoReturn:
         raise Unavailable(
             f"starting: this node is confirming that it still serves partition {part}"
-            f" (user {user_id}); retry"
+            f" ({what}); retry"
         )
 
     def refuse(self, user_id: int, part: int) -> NoReturn:
+        self._refuse(part, f"user {user_id} is in partition {part}", f"user {user_id}")
+
+    def _refuse(self, part: int, where: str, what: str) -> NoReturn:
+        """``moved`` naming the node that serves ``part``, or ``starting`` while it loads
+        here; ``where`` and ``what`` say what was asked for."""
         if part in self.loading:
-            raise Unavailable(
-                f"starting: partition {part} (user {user_id}) is loading on this node; retry"
-            )
+            raise Unavailable(f"starting: partition {part} ({what}) is loading on this node; retry")
         address = self.map[part][0]
         if address == self.node:  # leaving, or lost: the next owner is not known yet
             address = None
-        raise Moved(
-            f"moved: user {user_id} is in partition {part}, served by {address or 'unknown'}"
-        )
+        raise Moved(f"moved: {where}, served by {address or 'unknown'}")
 
     def wire(self) -> dict[str, Any]:
         """``partition_map``'s answer."""
