@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import msgpack
 
+from tidal.protocol import ErrorCode
 from tidal.protocol.refusals import ServerError
 from tidal.server.core.batch import Batch
 from tidal.server.core.feed import Change
@@ -66,11 +67,11 @@ class LeadGroups(Groups):
         if not groups:
             return
         try:
-            self._owners.check_lead()
-            code, message = 0, "consumer groups moved"  # not expected: it was let go
+            self._owners.check_lead()  # raises: where the groups are served now
+            error = [int(ErrorCode.UNAVAILABLE), "starting: the groups are read again; retry"]
         except ServerError as exc:
-            code, message = int(exc.code), exc.message
-        ending = msgpack.packb([2, "error", [code, message]])
+            error = [int(exc.code), exc.message]
+        ending = msgpack.packb([2, "error", error])
         for group in groups.values():
             for consumer in list(group.consumers.values()):
                 consumer.conn.listener = None
