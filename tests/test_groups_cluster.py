@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from tidal.protocol.partitions import GROUPS
 from .conftest import Database, ServerProcess
 from .group_peer import GroupPeer
 from .test_cluster import Nodes
-from .test_groups_durable import tidal
+from .test_groups_durable import tidal, watching
 
 pytestmark = pytest.mark.parametrize("backend", ["postgresql"])
 
@@ -208,18 +207,10 @@ async def test_the_tools_reach_the_groups_through_any_node(cluster: Nodes) -> No
     async with await ClusterClient.connect("127.0.0.1", int(port), timeout=10) as c:
         await c.group_create("search")
         await c.leave(42)
-        watch = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tidal.cli", "watch", "--group", "search", "--port", port,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert watch.stdout is not None
-        try:
-            shown = await asyncio.wait_for(watch.stdout.readline(), 30)
+        async with watching("search", port) as printed:
+            shown = await asyncio.wait_for(printed.readline(), 30)
             assert shown.decode().startswith("1 leave at=") and " user_id=42 " in shown.decode()
             await until(lambda: _acknowledged(c), "watch acknowledged what it printed")
-        finally:
-            watch.terminate()
-            await watch.wait()
     done = await asyncio.to_thread(tidal, "groups", "--port", port)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].split()[:2] == ["search", "1"], done.stdout

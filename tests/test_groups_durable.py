@@ -7,9 +7,11 @@ watch --group``, and the blocking client's ``consume``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -82,6 +84,21 @@ async def test_a_standby_that_takes_over_serves_the_groups_as_committed(
         await standby.stop()
 
 
+@contextlib.asynccontextmanager
+async def watching(group: str, port: str) -> AsyncIterator[asyncio.StreamReader]:
+    """``tidal watch --group GROUP`` against ``port``: what it prints, until the block ends."""
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tidal.cli", "watch", "--group", group, "--port", port,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert watch.stdout is not None
+    try:
+        yield watch.stdout
+    finally:
+        watch.terminate()
+        await watch.wait()
+
+
 def tidal(*args: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "tidal.cli", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
@@ -96,13 +113,8 @@ async def test_the_tools_list_groups_print_receipts_and_watch_a_group(
     async with await process.connect() as c:
         await c.group_create("search")
         await c.leave(42)
-        watch = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tidal.cli", "watch", "--group", "search", "--port", port,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        assert watch.stdout is not None
-        try:
-            first = await asyncio.wait_for(watch.stdout.readline(), 30)
+        async with watching("search", port) as printed:
+            first = await asyncio.wait_for(printed.readline(), 30)
             assert first.decode().startswith("1 leave at="), first
             assert " user_id=42 " in first.decode(), first
             assert first.decode().rstrip().endswith("deliveries=1"), first
@@ -116,9 +128,6 @@ async def test_the_tools_list_groups_print_receipts_and_watch_a_group(
                     break
                 await asyncio.sleep(0.01)
             assert await acknowledged()
-        finally:
-            watch.terminate()
-            await watch.wait()
     done = await asyncio.to_thread(tidal, "groups", "--port", port)
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.splitlines()
