@@ -42,8 +42,9 @@ ENV TIDAL_HOST=0.0.0.0 \
     TIDAL_LOG_FORMAT=json \
     TIDAL_METRICS_PORT=7412 \
     PYTHONUNBUFFERED=1
-# 7412: Prometheus metrics, on by default in the image (published only where asked)
-EXPOSE 7411 7412
+# 7412: Prometheus metrics, on by default in the image (published only where asked);
+# 7480: HTTP/JSON and the console, where TIDAL_HTTP=0.0.0.0:7480 turns it on (compose does)
+EXPOSE 7411 7412 7480
 # Healthy only when the database is loaded and storage takes writes (see README, Health).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["tidal", "health", "--host", "127.0.0.1", "--timeout", "3"]

@@ -31,7 +31,7 @@ $(SERVE_STAMP): pyproject.toml $(SOURCES)
 	touch $@
 
 run: $(SERVE_STAMP)
-	$(BIN)/tidal serve --metrics-port 7412
+	$(BIN)/tidal serve --metrics-port 7412 --http 127.0.0.1:7480
 
 test: lint pytest
 

@@ -196,6 +196,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "size": _size,
     "half-lives": _half_lives,
     "address": kinds.address,
+    "endpoint": kinds.endpoint,
     "path": kinds.path,
 }
 

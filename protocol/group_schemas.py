@@ -6,7 +6,19 @@ from __future__ import annotations
 from typing import Final
 
 from .limits import FEED_EVENTS, INT64_MAX
-from .schemas import COUNT, MAP, NAME, NS, USER_ID, Schema, array, nullable, obj
+from .schemas import (
+    COUNT,
+    FEED_EVENT,
+    MAP,
+    NAME,
+    NS,
+    POSITION,
+    USER_ID,
+    Schema,
+    array,
+    nullable,
+    obj,
+)
 
 EVENT_ID: Final[Schema] = {"type": "integer", "minimum": 1, "maximum": INT64_MAX}
 
@@ -75,8 +87,8 @@ CONSUMER: Final[Schema] = obj(
 GROUP: Final[Schema] = obj(
     {
         "name": {"type": "string"},
-        "cursor": COUNT,
-        "last_id": COUNT,
+        "cursor": POSITION,
+        "last_id": POSITION,
         "lag_events": COUNT,
         "lag_seconds": {"type": "number", "minimum": 0},
         "pending": COUNT,
@@ -84,7 +96,7 @@ GROUP: Final[Schema] = obj(
         "dead_letters": COUNT,
         "redelivered": COUNT,
         "acknowledged": COUNT,
-        "lost": nullable(array(COUNT, 2, 2)),
+        "lost": nullable(array(POSITION, 2, 2)),
         "consumers": array(CONSUMER),
         "settings": MAP,
     },
@@ -105,7 +117,7 @@ GROUP: Final[Schema] = obj(
 DEAD_LETTER: Final[Schema] = obj(
     {
         "id": EVENT_ID,
-        "event": MAP,
+        "event": FEED_EVENT,
         "user_id": nullable(USER_ID),
         "deliveries": COUNT,
         "reason": {"type": "string"},

@@ -170,7 +170,10 @@ TABLE: Final[tuple[Method, ...]] = (
                 {},
             ),
         ),
-        s.obj({"last_id": s.COUNT, "group": {"type": "string"}, "cursor": s.COUNT}, ("last_id",)),
+        s.obj(
+            {"last_id": s.POSITION, "group": {"type": "string"}, "cursor": s.POSITION},
+            ("last_id",),
+        ),
         "subscribed",
         route="log",
     ),

@@ -85,6 +85,8 @@ NS: Final[Schema] = {
     "description": "nanoseconds since the Unix epoch (past 2**53: a 64-bit integer)",
 }
 COUNT: Final[Schema] = {"type": "integer", "minimum": 0}
+#: where a reader of the feed stands: an event id, or 0 before the first
+POSITION: Final[Schema] = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
 USER_ID: Final[Schema] = {
     "type": "integer",
     "minimum": 0,
@@ -186,3 +188,19 @@ MAP: Final[Schema] = {"type": "object"}
 BOUNDED_BATCH: Final = (1, MAX_BATCH)
 #: ``left_users``'s ``after``: the last user of the previous page, or nil
 LEAVE_OPTIONS: Final[Schema] = obj({"purge": {"type": "boolean"}})
+#: an event of the change feed, as ``subscribe`` pushes it (``core.feed.Change.wire``)
+FEED_EVENT: Final[Schema] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+        "event": {"enum": list(FEED_EVENTS)},
+        "at_ns": NS,
+        "user_id": USER_ID,
+        "left_at_ns": NS,
+        "purged": COUNT,
+        "erased": COUNT,
+        "name": NAME,
+        "predicate": {"type": "object"},
+    },
+    "required": ["id", "event", "at_ns"],
+}

@@ -24,14 +24,16 @@ from typing import TYPE_CHECKING, Any
 from tidal.server.engine.engine import Engine
 from tidal.server.engine.health import Booting, Standby
 from tidal.server.net.connection import ServerConnection
-from tidal.server.net.shared import ServerState
+from tidal.server.net.shared import Served, ServerState
 from tidal.server.net.sweep import sweep_idle
 from tidal.server.net.tls import is_loopback, tls_context
 from tidal.server.storage.backends import open_storage
 from tidal.server.storage.interface import Storage, is_url
 from tidal.server.storage.sqlite.dblock import DatabaseLock
+from tidal.server.web.connection import HttpConnection
+from tidal.server.web.consumers import Consumers
 
-from . import host, validity
+from . import host, kinds, validity
 from .config import Config, redact
 from .errors import ProtectedMode, StartupError
 from .metrics import Metrics
@@ -48,8 +50,9 @@ class Server:
         """``clock``: wall-clock nanoseconds (leave times, the idempotency window)."""
         self.config = config
         self._clock = clock
-        self.state: ServerState[ServerConnection] = ServerState(Booting(), None)
+        self.state: ServerState[Served] = ServerState(Booting(), None)
         self._server: asyncio.Server | None = None
+        self._http: asyncio.Server | None = None
         self._lock: DatabaseLock | None = None
         self._storage: Storage | None = None
         self._engine: Engine | None = None
@@ -61,7 +64,7 @@ class Server:
         self._metrics_server: Any = None
 
     @property
-    def connections(self) -> set[ServerConnection]:
+    def connections(self) -> set[Served]:
         return self.state.connections
 
     @property
@@ -80,6 +83,13 @@ class Server:
         name, port = self._server.sockets[0].getsockname()[:2]
         return name, port
 
+    @property
+    def http_address(self) -> tuple[str, int]:
+        """Where the HTTP edge listens (``--http``)."""
+        assert self._http is not None, "--http is off"
+        name, port = self._http.sockets[0].getsockname()[:2]
+        return name, port
+
     async def start(self) -> None:
         """Check, bind, lock, then load: what can fail without touching the disk fails first.
 
@@ -89,9 +99,13 @@ class Server:
         config = self.config
         validity.check(config)
         log.debug("%r", config)  # the token shows as ***
-        if not (config.token or config.insecure or is_loopback(config.host)):
+        http_host = None if config.http is None else kinds.split(config.http)[0]
+        exposed = next(
+            (h for h in (config.host, http_host) if h is not None and not is_loopback(h)), None
+        )
+        if exposed is not None and not (config.token or config.insecure):
             raise ProtectedMode(
-                f"refusing to listen on {config.host!r} without a token: anyone who can reach it"
+                f"refusing to listen on {exposed!r} without a token: anyone who can reach it"
                 " could change who has left. Set --token (or TIDAL_TOKEN), or pass --insecure"
                 " if the network in front of it is trusted."
             )
@@ -147,6 +161,30 @@ class Server:
         self._sweeper = loop.create_task(sweep, name="tidal-idle-sweeper")
         if state.metrics is not None:
             self._serve_metrics(state.metrics)
+        if config.http is not None:
+            await self._listen_http(config.http, tls)
+
+    async def _listen_http(self, where: str, tls: ssl.SSLContext | None) -> None:
+        """The HTTP edge, over the same state: its connections count with the TCP port's,
+        are held by the same switch, swept by the same clock, drained by the same shutdown."""
+        host_, port = kinds.split(where)
+        consumers = Consumers()
+        state, config = self.state, self.config
+
+        def factory() -> HttpConnection:
+            return HttpConnection(state, config, consumers)
+
+        try:
+            self._http = await asyncio.get_running_loop().create_server(
+                factory, host_, port, reuse_address=True, backlog=config.backlog, ssl=tls,
+                ssl_handshake_timeout=10.0 if tls else None,
+            )  # fmt: skip
+        except OSError as exc:
+            raise StartupError(f"cannot serve HTTP on {where}: {host.why(exc)}") from None
+        for sock in self._http.sockets:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        log.info("HTTP on %s://%s:%d/", "https" if tls else "http", *self.http_address[:2])
 
     async def _boot(self) -> Engine:
         """Leave state from disk into memory, before any request that needs it is taken.
@@ -233,6 +271,8 @@ class Server:
         self._stopped = True
         if self._server is not None:
             self._server.close()
+        if self._http is not None:
+            self._http.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self._metrics_server is not None:

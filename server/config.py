@@ -235,6 +235,12 @@ class Config:
         " costs a float per aggregate",
         kind="half-lives",
     )
+    http: str | None = _setting(
+        None,
+        "serve HTTP/JSON, Server-Sent Events and the console on HOST:PORT too (beyond"
+        " loopback, it needs --token or --insecure, as the TCP port does)",
+        kind="endpoint",
+    )
     metrics_port: int | None = _setting(
         None, "serve Prometheus metrics at http://HOST:PORT/metrics", kind="port"
     )

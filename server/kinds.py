@@ -97,6 +97,20 @@ def address(text: str) -> str:
     return value
 
 
+def endpoint(text: str) -> str:
+    """``HOST:PORT`` to listen on (``[::1]:8080`` for IPv6): the host as ``address``
+    takes it, the port as ``port``; returned as given, checked."""
+    split(text)
+    return text.strip()
+
+
+def split(text: str) -> tuple[str, int]:
+    host, colon, number = text.strip().rpartition(":")
+    if not colon:
+        raise ValueError(f"must be HOST:PORT, such as 127.0.0.1:7480, got {quoted(text)}")
+    return address(host.removeprefix("[").removesuffix("]")), port(number)
+
+
 def path(text: str) -> str:
     if not text.strip() or "\0" in text:
         raise ValueError(f"must be a file's path, got {quoted(text)}")

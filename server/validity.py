@@ -11,6 +11,7 @@ from typing import Final
 
 from tidal.protocol.partitions import MAX_PARTITIONS
 
+from . import kinds
 from .config import Config
 from .errors import BadSettings
 from .host import parse_size
@@ -35,6 +36,11 @@ def check(config: Config) -> None:
         ),
         *_cluster_rules(config),
     ]
+    if config.http is not None:
+        try:
+            kinds.split(config.http)
+        except ValueError as exc:
+            rules.append((False, f"http: {exc}"))
     try:
         config.half_lives()
     except ValueError as exc:

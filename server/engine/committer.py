@@ -24,6 +24,7 @@ from tidal.server.errors import CommitUnknown, StorageFailure
 from tidal.server.metrics import Metrics
 from tidal.server.storage.interface import Storage
 
+from .commit_times import CommitTimes
 from .cycle import Cycle, Transaction
 from .delivery import deliver, refusal, refuse
 from .linger import Linger
@@ -66,7 +67,7 @@ class Committer:
         self.room = room
         self._cycle = cycle
         self._next_seq = next_seq  # the seq the next signal takes: where a batch starts
-        self._metrics = metrics
+        self.times = CommitTimes(metrics)
         #: back-pressure: stops (True) or lets go on (False) every connection
         self._hold = hold
         self.open = Batch(next_seq())
@@ -182,9 +183,8 @@ class Committer:
                 log.exception("writer failed")
                 self._fail(batch, StorageFailure(f"writer failed: {exc!r}", transient=False))
             else:
-                if self._metrics is not None and batch.writes:
-                    self._metrics.commit_seconds.observe(time.perf_counter() - began)
-                    self._metrics.batch_size.observe(batch.writes)
+                if batch.writes:
+                    self.times.observe(time.perf_counter() - began, batch.writes)
                 self._deliver(batch, found)
             finally:
                 self.inflight = None

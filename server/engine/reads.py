@@ -169,6 +169,7 @@ class Reads:
     def stats(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
         signals = self._engine.signals
         kept, ranked = orders.kept_orders(self._engine.board)
+        times = self._engine.committer.times
         stats = {
             "version": VERSION,
             "compiled": compiled(),
@@ -184,6 +185,8 @@ class Reads:
             "backend": self._engine.storage.backend,
             "db_bytes": self._engine.storage.size(),
             "commits": self._engine.storage.commits,
+            "commit_p50_ms": _ms(times.quantile(0.5)),
+            "commit_p99_ms": _ms(times.quantile(0.99)),
             "storage": self.health_report()["storage"],
             "subscribers": len(self._engine.feed),
             "last_event_id": self._engine.feed.last_id,
@@ -255,3 +258,7 @@ def _again(conn: Replier, msgid: int, read: Callable[[], None]) -> Callable[[], 
             conn.flush()
 
     return again
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)

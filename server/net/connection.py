@@ -29,7 +29,7 @@ from tidal.server.logs import Throttle
 from .auth import AUTH_ATTEMPTS, PREAUTH_BYTES, Auth
 from .flow import Allowance, FlowControl
 from .outgoing import Outbox, busy
-from .shared import ServerState
+from .shared import Served, ServerState
 
 log = logging.getLogger("tidal.connection")
 #: error replies, a line per code at most every 10 s: a client retrying against a database
@@ -47,7 +47,7 @@ END_SECONDS = 10.0
 
 
 class ServerConnection(asyncio.Protocol):
-    def __init__(self, state: ServerState[ServerConnection], config: Config) -> None:
+    def __init__(self, state: ServerState[Served], config: Config) -> None:
         self._state = state
         self._config = config
         self._max_inflight = config.max_inflight

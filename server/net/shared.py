@@ -3,6 +3,7 @@ the set of open connections, and the one switch that holds them all."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -24,6 +25,35 @@ class Flowing(Protocol):
 
     @property
     def flow(self) -> FlowControl: ...
+
+
+class Decoding(Protocol):
+    """What a connection reads its requests with, as the idle sweep sees it."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def rest(self) -> None: ...
+
+
+class Served(Flowing, Protocol):
+    """A connection of either port (MessagePack, or HTTP: ``web.connection``), as the
+    server, the idle sweep and the shutdown see it."""
+
+    closed: bool
+    inflight: int
+    last_active: float
+    partial_since: float | None
+    listener: Any
+    peer: Any
+
+    @property
+    def transport(self) -> asyncio.Transport: ...
+
+    @property
+    def conn(self) -> Decoding: ...
+
+    def drain(self) -> None: ...
 
 
 C = TypeVar("C", bound=Flowing)

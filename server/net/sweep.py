@@ -7,14 +7,12 @@ import logging
 import time
 from collections.abc import Set
 
-from .connection import ServerConnection
+from .shared import Served
 
 log = logging.getLogger("tidal.connection")
 
 
-async def sweep_idle(
-    connections: Set[ServerConnection], idle_timeout: float, message_timeout: float
-) -> None:
+async def sweep_idle(connections: Set[Served], idle_timeout: float, message_timeout: float) -> None:
     """Close connections that have nothing in flight and sent nothing for ``idle_timeout``
     (a subscriber listens: it need send nothing), and those whose partial message is
     older than ``message_timeout``; let a quiet one's decoder go. Runs until cancelled."""
@@ -35,7 +33,7 @@ async def sweep_idle(
                 conn.conn.rest()  # quiet since the last sweep: let its decoder go
 
 
-def close_idle(conn: ServerConnection, timeout: float) -> None:
+def close_idle(conn: Served, timeout: float) -> None:
     """Close a connection that sent nothing for ``timeout``. One whose replies are still
     unsent is aborted: a peer that has not read them will not, and a polite close
     would wait for ever to flush them, holding its place under --max-connections."""
@@ -54,7 +52,7 @@ def close_idle(conn: ServerConnection, timeout: float) -> None:
         conn.transport.close()
 
 
-def close_stalled(conn: ServerConnection, timeout: float) -> None:
+def close_stalled(conn: Served, timeout: float) -> None:
     """A message begun over ``timeout`` ago is still not whole: what it sent so far is
     held for it, so a sender that stalls must not keep it for ever."""
     log.warning(
