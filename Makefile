@@ -46,7 +46,9 @@ pytest: $(STAMP) tools
 # hybrid, and deploy/oci-runtime.sh picks runc there. iptables drops a relay's packets: a
 # network to PostgreSQL that goes silent (tests/test_pg_wedge.py). patroni and etcd-server
 # run PostgreSQL failing over under load (tests/test_failover.py). prometheus (with promtool)
-# tests the alerts and scrapes a loaded tidal (tests/test_monitoring.py).
+# tests the alerts and scrapes a loaded tidal (tests/test_monitoring.py). chromium loads the
+# console in a real browser (tests/test_console.py); node and npm are the HTTP edge's
+# clients that share no code with tidal (tests/test_http_node.py).
 APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
              $(if $(wildcard /usr/lib/postgresql/15/bin/initdb),,postgresql-15) \
              $(if $(shell command -v podman),,podman) \
@@ -55,7 +57,9 @@ APT_TOOLS := $(if $(shell command -v docker-compose),,docker-compose) \
              $(if $(shell command -v debootstrap),,debootstrap) \
              $(if $(shell command -v patroni),,patroni) \
              $(if $(shell command -v etcd),,etcd-server) \
-             $(if $(shell command -v promtool),,prometheus)
+             $(if $(shell command -v promtool),,prometheus) \
+             $(if $(wildcard /usr/lib/chromium/chromium),,chromium) \
+             $(if $(shell command -v npm),,nodejs npm)
 tools:
 	@if [ -n "$(strip $(APT_TOOLS))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -10,6 +10,7 @@ from bench.cluster import cluster_report
 from bench.feed import feed_report
 from bench.goals import goals, targets
 from bench.groups import group_report
+from bench.http import http_report
 from bench.past import past_report
 from bench.scenarios import SHAPES
 from bench.systems import PG
@@ -41,6 +42,7 @@ def report(results: dict[str, Any]) -> str:
             *past_report(results.get("past")),
             *feed_report(results.get("feed")),
             *group_report(results.get("groups")),
+            *http_report(results.get("http")),
             *cluster_report(results.get("cluster")),
             *_footer(),
         ]

@@ -14,6 +14,7 @@ from bench.board import board_boot_figures
 from bench.cluster import cluster_figures
 from bench.feed import feed_figures
 from bench.groups import group_figures
+from bench.http import http_figures
 from bench.past import past_figures
 from bench.stored import boot_figures, counts_figures
 from bench.systems import (
@@ -61,6 +62,7 @@ def run_all(scale: float, repeats: int) -> dict[str, Any]:
         "past": past_figures(scale),
         "feed": feed_figures(scale),
         "groups": group_figures(scale),
+        "http": http_figures(scale, repeats),
         "cluster": cluster_figures(scale),
     }
 

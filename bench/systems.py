@@ -36,11 +36,13 @@ def stop(server: Child) -> None:
 
 
 @contextmanager
-def tidal_server(durability: str, db: Path | None = None) -> Iterator[Child]:
+def tidal_server(
+    durability: str, db: Path | None = None, extra: tuple[str, ...] = ()
+) -> Iterator[Child]:
     with tempfile.TemporaryDirectory(prefix="tidal-bench-") as tmp:
         path = db or Path(tmp) / "bench.db"
         server = start(
-            [TIDAL, "serve", "--port", "0", "--db", str(path), "--durability", durability]
+            [TIDAL, "serve", "--port", "0", "--db", str(path), "--durability", durability, *extra]
         )
         try:
             yield server

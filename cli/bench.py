@@ -22,6 +22,7 @@ from typing import Any
 
 import msgpack
 
+from . import httpwire
 from . import resp as resp_wire
 from .cleanup import Made, clean_up
 from .pipeline import Load
@@ -116,7 +117,7 @@ async def measure(
         if remaining == 0:
             finished.set()
 
-    auth = packer.pack([0, -1, "auth", [cfg.token]]) if cfg.token else b""
+    auth = packer.pack([0, -1, "auth", [cfg.token]]) if cfg.token and not cfg.http_port else b""
     sha = cfg.redis_sha
     replies = cfg.batch_size if cfg.workload in BATCHES else 1
     #: per connection, per slot, the users each request in its queue writes for
@@ -124,16 +125,13 @@ async def measure(
     for count in per_client:
         queues, planned = _encoded(cfg, rng, count, packer)
         writes.append(planned)
-        load = functools.partial(
-            Load,
-            queues,
-            latencies,
-            one_done,
-            auth,
-            resp_wire.Replies() if sha is not None else None,
-            replies,
-        )
-        _, conn = await loop.create_connection(load, cfg.host, cfg.port)
+        delimited = (
+            resp_wire.Replies() if sha is not None
+            else httpwire.Replies() if cfg.http_port is not None
+            else None
+        )  # fmt: skip
+        load = functools.partial(Load, queues, latencies, one_done, auth, delimited, replies)
+        _, conn = await loop.create_connection(load, cfg.host, cfg.http_port or cfg.port)
         conns.append(conn)
     cpu_before = _cpu_seconds(cfg.server_pid)
     began = time.perf_counter()
@@ -179,10 +177,12 @@ def _encoded(
     for i, (method, params) in enumerate(requests(cfg, rng, count)):
         slot = i % cfg.pipeline
         writes[slot].append(made(method, params))
-        if sha is None:
-            queues[slot].append(packer.pack([0, slot, method, params]))
-        else:
+        if sha is not None:
             queues[slot].append(resp_wire.equivalent(sha, method, params)[0])
+        elif cfg.http_port is not None:
+            queues[slot].append(httpwire.request(method, params, cfg.host, cfg.token))
+        else:
+            queues[slot].append(packer.pack([0, slot, method, params]))
     return queues, writes
 
 

@@ -139,6 +139,7 @@ def bench(args: argparse.Namespace) -> int:
         entities=args.entities,
         token=args.token,
         redis_sha=args.redis_sha,
+        http_port=args.http_port,
         server_pid=args.server_pid,
         own_users=args.own_users,
         allow_data=args.allow_data,

@@ -221,6 +221,12 @@ def _bench_run(bench: argparse.ArgumentParser) -> None:
         " (SCRIPT LOAD): the same requests, as Redis commands",
     )
     bench.add_argument(
+        "--http-port",
+        type=_some(65535),
+        help="send the requests to tidal's HTTP edge (--http) on this port, as JSON; the"
+        " set-up and clean-up go through --port",
+    )
+    bench.add_argument(
         "--own-users",
         action="store_true",
         help="cluster mode: only users of the partitions the node serves (no moved answers)",

@@ -8,16 +8,24 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import msgpack
 
-from . import resp as resp_wire
+
+class Delimiter(Protocol):
+    """Replies of a wire other than MessagePack (``resp``, ``httpwire``), delimited in the
+    order their requests went, each as (slot, error or None)."""
+
+    def sent(self, slot: int, replies: int) -> None: ...
+
+    def feed(self, data: bytes) -> list[tuple[int, Any]]: ...
 
 
 class Load(asyncio.Protocol):
     """One connection: ``pipeline`` slots, each with its own queue of encoded requests.
-    ``resp``: the server is Redis, each request ``replies`` commands long."""
+    ``resp``: the server is Redis, each request ``replies`` commands long, or tidal's HTTP
+    edge: the replies are delimited by it."""
 
     def __init__(
         self,
@@ -25,7 +33,7 @@ class Load(asyncio.Protocol):
         latencies: list[float],
         done: Callable[[], None],
         auth: bytes = b"",
-        resp: resp_wire.Replies | None = None,
+        resp: Delimiter | None = None,
         replies: int = 1,
     ):
         self.auth = auth  # an encoded auth request (msgid -1) to send first, if any

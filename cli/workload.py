@@ -50,6 +50,9 @@ class BenchConfig:
     seed: int = 1
     #: drive Redis instead, with the SHA of ``bench/signal.lua`` loaded there (see ``resp``)
     redis_sha: str | None = None
+    #: send the requests to tidal's HTTP edge on this port instead, as JSON (``httpwire``);
+    #: the set-up and clean-up still go through ``port``
+    http_port: int | None = None
     #: the server's process, when local: its CPU time over the run is reported
     server_pid: int | None = None
     #: cluster mode: draw only users of the partitions the target node serves

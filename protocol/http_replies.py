@@ -24,6 +24,8 @@ REASONS: Final = {
 }
 #: seconds a client told 503 waits before it asks again
 RETRY_AFTER: Final = "1"
+#: milliseconds an EventSource waits before it reconnects: a restart takes about this long
+RECONNECT_MS: Final = 1000
 JSON: Final = "application/json"
 EVENT_STREAM: Final = "text/event-stream"
 
@@ -88,6 +90,12 @@ def error_body(code: int, message: str) -> tuple[int, bytes, tuple[tuple[str, st
     return status, body, more
 
 
+def busy() -> bytes:
+    """What a connection refused at --max-connections is told before it is closed."""
+    _, body, more = error_body(ErrorCode.UNAVAILABLE, "too many connections; try again later")
+    return response(503, body, close=True, more=more)
+
+
 def response(
     status: int,
     body: bytes,
@@ -107,6 +115,11 @@ def event(event_id: str, name: str, data: bytes) -> bytes:
 def named(name: str, data: bytes) -> bytes:
     """An event without an id: it moves no reconnecting client's Last-Event-ID."""
     return b"event: %s\ndata: %s\n\n" % (name.encode(), data)
+
+
+def retry(milliseconds: int) -> bytes:
+    """How long a client waits before it reconnects, once the stream is cut."""
+    return b"retry: %d\n\n" % milliseconds
 
 
 def comment(text: str) -> bytes:

@@ -21,6 +21,8 @@ from .errors import ErrorCode, quoted
 MAX_HEAD_BYTES: Final = 16 * 1024
 #: headers one request may send
 MAX_HEADERS: Final = 100
+#: the interim answer to ``Expect: 100-continue``: send the body (curl asks so past 1 KiB)
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class RemoteHttpError(Exception):
@@ -30,6 +32,8 @@ class RemoteHttpError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+        #: the requests made whole before it by the same bytes: answered first
+        self.before: list[HttpRequest] = []
 
 
 @dataclass(slots=True, eq=False)
@@ -55,19 +59,16 @@ class RequestReader:
         self._head = 0  # bytes of the request line and headers so far
         self._size = 0  # bytes of the body so far
         self.pending = 0  # bytes of a request begun and not yet whole (0 between requests)
+        #: the request being read asked to be told to send its body (Expect: 100-continue)
+        self.expects_continue = False
 
     def receive_data(self, data: bytes) -> list[HttpRequest]:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as exc:
-            cause = exc.__context__
-            if isinstance(cause, RemoteHttpError):
-                raise cause from None
-            raise RemoteHttpError(400, f"bad request: {exc}") from None
-        except httptools.HttpParserUpgrade:
-            raise RemoteHttpError(400, "upgrade: tidal speaks HTTP/1.1 only") from None
-        except httptools.HttpParserError as exc:
-            raise RemoteHttpError(400, f"bad request: {exc}") from None
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            failure = _failure(exc)
+            failure.before, self._done = self._done, []
+            raise failure from None
         if self.pending:
             self.pending += len(data)
         done, self._done = self._done, []
@@ -102,6 +103,7 @@ class RequestReader:
         self._headers[key] = text
 
     def on_headers_complete(self) -> None:
+        self.expects_continue = self._headers.get("expect", "").lower() == "100-continue"
         length = self._headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             raise RemoteHttpError(
@@ -136,6 +138,7 @@ class RequestReader:
         )
         self._body = []
         self.pending = 0
+        self.expects_continue = False
 
     def _count(self, n: int) -> None:
         self._head += n
@@ -144,3 +147,13 @@ class RequestReader:
             raise RemoteHttpError(
                 431, f"headers: the request line and headers of {shown} pass {MAX_HEAD_BYTES} bytes"
             )
+
+
+def _failure(exc: Exception) -> RemoteHttpError:
+    """What llhttp's error, or one of ours raised in its callbacks, answers."""
+    cause = exc.__context__
+    if isinstance(cause, RemoteHttpError):
+        return cause
+    if isinstance(exc, httptools.HttpParserUpgrade):
+        return RemoteHttpError(400, "upgrade: tidal speaks HTTP/1.1 only")
+    return RemoteHttpError(400, f"bad request: {exc}")

@@ -30,6 +30,8 @@ from tidal.testing.postgres import Cluster, Missing, fetch, free_port
 BACKENDS = ("sqlite", "postgresql")
 #: what ``tidal serve`` logs once its port is bound, before it loads (or, as a standby, waits)
 BOUND = re.compile(rb"bound \S+:(\d+);")
+#: ... and once its HTTP port is (``--http``)
+HTTP_BOUND = re.compile(rb"HTTP on https?://\S+:(\d+)/")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -154,15 +156,16 @@ async def client(server: Server, backend: str) -> AsyncIterator[Any]:
 
 
 @contextlib.asynccontextmanager
-async def three_nodes(database: Database) -> AsyncIterator[list[Server]]:
-    """Three cluster nodes on ``database``, once they share every partition."""
+async def three_nodes(database: Database, http: bool = False) -> AsyncIterator[list[Server]]:
+    """Three cluster nodes on ``database``, once they share every partition; with ``http``,
+    each serving its HTTP edge too."""
     servers: list[Server] = []
     try:
         for _ in range(3):
             port = free_port()
             config = Config(
                 host="127.0.0.1", port=port, db=database.target, cluster="semantic",
-                advertise=f"127.0.0.1:{port}",
+                advertise=f"127.0.0.1:{port}", http="127.0.0.1:0" if http else None,
             )  # fmt: skip
             servers.append(Server(config))
             await servers[-1].start()
@@ -199,6 +202,7 @@ class ServerProcess:
         self.launcher = launcher or [sys.executable, "-m", "tidal.cli"]
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
+        self.http_port = 0  # with --http
         self.log: list[bytes] = []
         self._reader: asyncio.Task[None] | None = None
         self._awaited: list[tuple[bytes, asyncio.Future[None]]] = []
@@ -234,6 +238,8 @@ class ServerProcess:
                     "tidal serve exited before listening:\n" + b"".join(self.log).decode()
                 )
             self.log.append(line)
+            if found := HTTP_BOUND.search(line):
+                self.http_port = int(found.group(1))
             if (port := listening_port(line)) is not None:
                 self.port = port
                 break

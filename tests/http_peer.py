@@ -91,7 +91,7 @@ class EventStream:
     def __init__(self, port: int, path: str, headers: dict[str, str] | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         lines = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n{lines}\r\n".encode())
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{lines}\r\n".encode())
         self._buffer = b""
         head = self._until(b"\r\n\r\n")
         status_line, *fields = head.decode("latin-1").split("\r\n")
@@ -113,12 +113,16 @@ class EventStream:
         return found
 
     def next(self) -> dict[str, str]:
-        """The next frame (EOFError once the server closed the stream)."""
-        frame: dict[str, str] = {}
-        for line in self._until(b"\n\n").decode().split("\n"):
-            name, _, value = line.partition(":")
-            frame[name or "comment"] = value[1:] if value.startswith(" ") else value
-        return frame
+        """The next frame (EOFError once the server closed the stream); one that only sets
+        the reconnection time is kept as ``retry`` and skipped."""
+        while True:
+            frame: dict[str, str] = {}
+            for line in self._until(b"\n\n").decode().split("\n"):
+                name, _, value = line.partition(":")
+                frame[name or "comment"] = value[1:] if value.startswith(" ") else value
+            if set(frame) != {"retry"}:
+                return frame
+            self.retry = int(frame["retry"])
 
     def events(self, n: int) -> list[dict[str, Any]]:
         """The next ``n`` events with an id, their data parsed (heartbeats skipped)."""

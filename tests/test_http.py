@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -247,3 +248,44 @@ async def test_an_http_server_beyond_loopback_needs_a_token(db_path: Path) -> No
     server = Server(Config(port=0, db=str(db_path), http="0.0.0.0:0"))
     with pytest.raises(ProtectedMode, match=r"'0\.0\.0\.0' without a token"):
         await server.start()
+
+
+async def test_a_body_is_asked_for_when_the_client_expects_to_be(web: Server) -> None:
+    """curl sends ``Expect: 100-continue`` past 1 KiB, and waits for it before the body."""
+
+    def expecting(port: int) -> tuple[bytes, bytes]:
+        body = json.dumps([[[u, "e", "view"] for u in range(100)]]).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(
+                b"POST /v1/signal_batch HTTP/1.1\r\nContent-Type: application/json\r\n"
+                b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+            )
+            interim = s.recv(1024)  # before any byte of the body was sent
+            s.sendall(body)
+            answer = b""
+            while b'"result"' not in answer:
+                answer += s.recv(65536)
+            return interim, answer
+
+    interim, answer = await asyncio.to_thread(expecting, web.http_address[1])
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert answer.startswith(b"HTTP/1.1 200 OK") and b'"seq":' in answer
+
+
+async def test_without_a_token_only_requests_to_an_address_are_answered(web: Server) -> None:
+    """DNS rebinding: another site's name, pointed at 127.0.0.1, makes a browser treat this
+    server as that site; without a token, a request addressed to a name is refused."""
+    port = web.http_address[1]
+    for host, status in [
+        ("evil.example", 401),
+        (f"evil.example:{port}", 401),
+        (f"localhost:{port}", 200),
+        (f"127.0.0.1:{port}", 200),
+        (f"[::1]:{port}", 200),
+    ]:
+        code, _, answer = await asyncio.to_thread(
+            request, port, "/v1/ping", [], headers={"Host": host}
+        )
+        assert code == status, (host, answer)
+    code, _, _ = await asyncio.to_thread(request, port, "/health", headers={"Host": "evil.example"})
+    assert code == 200  # the probes are open to all

@@ -143,3 +143,30 @@ async def test_many_connections_that_say_nothing_cost_nothing(web: Server) -> No
     finally:
         for s in idle:
             s.close()
+
+
+async def test_requests_before_a_broken_one_are_answered_first(web: Server) -> None:
+    good = b"POST /v1/ping HTTP/1.1\r\n\r\n"
+    got = responses(
+        await asyncio.to_thread(exchange, web.http_address[1], good * 2 + b"BROKEN\r\n\r\n")
+    )
+    assert [status for status, _, _ in got] == [200, 200, 400]
+    assert got[2][1]["connection"] == "close"
+
+
+async def test_a_client_that_half_closes_is_answered(web: Server) -> None:
+    def half_closed(port: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            body = b"[5]"
+            s.sendall(
+                b"POST /v1/leave HTTP/1.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 3\r\n\r\n" + body
+            )
+            s.shutdown(socket.SHUT_WR)  # all it will send: the answer still comes
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+            return got
+
+    (only,) = responses(await asyncio.to_thread(half_closed, web.http_address[1]))
+    assert only[0] == 200 and json.loads(only[2])["result"]["status"] == "left"

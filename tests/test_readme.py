@@ -16,7 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tidal.testing.postgres import free_port
+
 from .conftest import ServerProcess
+
+#: the HTTP port the examples name (``make run``'s): the test's own is put in its place
+HTTP_PORT = "7480"
 
 ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -34,12 +39,12 @@ def blocks(path: Path, language: str) -> list[str]:
     return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(), re.DOTALL | re.MULTILINE)
 
 
-def expected(code: str) -> list[str]:
-    """What each commented ``print`` line says it prints, as a pattern."""
+def expected(code: str, mark: str = "#") -> list[str]:
+    """What each commented ``print`` (``console.log``) line says it prints, as a pattern."""
     wanted = []
     for line in code.splitlines():
-        if line.strip().startswith("print(") and "  # " in line:
-            said = line.split("  # ", 1)[1].split(" (", 1)[0].strip()
+        if line.strip().startswith(("print(", "console.log(")) and f"  {mark} " in line:
+            said = line.split(f"  {mark} ", 1)[1].split(" (", 1)[0].strip()
             wanted.append(".*".join(re.escape(part) for part in said.split("...")))
     return wanted
 
@@ -49,6 +54,8 @@ def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
 
 
 async def test_every_example_runs_as_written(process: ServerProcess, tmp_path: Path) -> None:
+    http = str(free_port())
+    process.extra = (*process.extra, "--http", f"127.0.0.1:{http}")
     await process.start()
     env = {**os.environ, "TIDAL_PORT": str(process.port)}
     ran = 0
@@ -58,14 +65,33 @@ async def test_every_example_runs_as_written(process: ServerProcess, tmp_path: P
                 command = line.split("  #", 1)[0].strip()
                 if not command or command.startswith("#") or ELSEWHERE.match(command):
                     continue
-                argv = shlex.split(command, comments=True)
-                assert argv[0] == "tidal", (
+                argv = shlex.split(command.replace(HTTP_PORT, http), comments=True)
+                assert argv[0] in ("tidal", "curl"), (
                     f"{path.name}: a shell line this test does not know: {line}"
                 )
-                argv = [sys.executable, "-m", "tidal.cli", *argv[1:]]
+                if argv[0] == "tidal":
+                    argv = [sys.executable, "-m", "tidal.cli", *argv[1:]]
                 done = await asyncio.to_thread(run, argv, tmp_path, env)
-                assert done.returncode == 0, (path.name, line, done.stderr)
+                # curl: a stream ends only when --max-time cuts it (exit 28), having printed
+                cut = argv[0] == "curl" and "--max-time" in argv and done.returncode == 28
+                assert done.returncode == 0 or (cut and "id: " in done.stdout), (
+                    path.name,
+                    line,
+                    done.stderr,
+                )
+                if argv[0] == "curl" and not cut:
+                    assert '"error"' not in done.stdout, (path.name, line, done.stdout)
                 ran += 1
+        for code in blocks(path, "js"):
+            script = code.replace(HTTP_PORT, http)
+            argv = ["node", "--input-type=module", "-e", script]
+            done = await asyncio.to_thread(run, argv, tmp_path, env)
+            assert done.returncode == 0, (path.name, code, done.stderr)
+            printed, wanted = done.stdout.splitlines(), expected(code, "//")
+            assert len(printed) == len(wanted), (path.name, code, printed, wanted)
+            for line, pattern in zip(printed, wanted, strict=True):
+                assert re.fullmatch(pattern, line), (path.name, line, pattern)
+            ran += 1
         for code in blocks(path, "python"):
             script = code.replace("7411", str(process.port))
             done = await asyncio.to_thread(run, [sys.executable, "-c", script], tmp_path, env)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,12 +33,14 @@ ALLOWED: Final = Verdict(True)
 
 
 class HttpAuth:
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, insecure: bool = False) -> None:
         self._token = token.encode() if token else None
+        self._insecure = insecure
 
-    def judge(self, authorization: str | None) -> Verdict:
+    def judge(self, headers: dict[str, str]) -> Verdict:
         if self._token is None:
-            return ALLOWED
+            return self._addressed(headers.get("host", ""))
+        authorization = headers.get("authorization")
         if not authorization:
             return Verdict(False, NEEDS_TOKEN)
         scheme, _, given = authorization.partition(" ")
@@ -53,3 +56,26 @@ class HttpAuth:
         if hmac.compare_digest(given.strip().encode("latin-1"), self._token):
             return ALLOWED
         return Verdict(False, "unauthorized: wrong token")
+
+    def _addressed(self, host: str) -> Verdict:
+        """Without a token (on loopback), a request must be addressed to an IP address or
+        localhost: a page on another site whose name is rebound to 127.0.0.1 (DNS
+        rebinding) would otherwise be the same origin as this server to a browser."""
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        name = name.strip("[]").lower()
+        if self._insecure or not name or name == "localhost" or _is_ip(name):
+            return ALLOWED
+        return Verdict(
+            False,
+            f"unauthorized: Host {host[:100]!r}: without a token this server answers only"
+            " requests addressed to an IP address or localhost (a name could be another"
+            " site's, rebound to this machine); set --token to serve others",
+        )
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True

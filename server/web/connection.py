@@ -14,36 +14,23 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from tidal.protocol import ErrorCode
 from tidal.protocol import http_replies as h
-from tidal.protocol.errors import bounded
-from tidal.protocol.http_requests import HttpRequest, RemoteHttpError, RequestReader
-from tidal.protocol.jsonmap import Mapping, dumps
-from tidal.protocol.methods import BY_NAME
+from tidal.protocol.http_requests import CONTINUE, HttpRequest, RemoteHttpError, RequestReader
 from tidal.server.config import Config
 from tidal.server.core.replies import Listener
 from tidal.server.net.flow import Allowance, FlowControl
 from tidal.server.net.shared import ServerState
 
 from . import routes
+from .answers import Answers, Asked
 from .auth import HttpAuth
 from .consumers import Consumers, OnBehalf
-from .stream import frames
+from .stream import Events
 
 log = logging.getLogger("tidal.http")
-#: what a page of the console is sent with: it runs only its own script, and is not framed
-PAGE_HEADERS: Final = (
-    (
-        "content-security-policy",
-        "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
-    ),
-    ("x-content-type-options", "nosniff"),
-    ("cache-control", "no-cache"),
-)
-#: ``subscribe``'s answer, the first event of a stream
-SUBSCRIBED: Final = Mapping(BY_NAME["subscribe"])
 
 #: as ``net.connection``: a connection gives the loop back after applying this long
 SLICE_SECONDS = 0.02
@@ -51,27 +38,12 @@ SLICE_SECONDS = 0.02
 END_SECONDS = 10.0
 
 
-class Asked:
-    """A request handed on and not yet answered: how its answer is written."""
-
-    __slots__ = ("began", "close", "label", "shape", "stream")
-
-    def __init__(
-        self, shape: routes.Shape | None, close: bool, label: str, began: float, stream: bool
-    ) -> None:
-        self.shape = shape  # None: only an error is written (or a stream's head)
-        self.close = close  # the connection's last answer
-        self.label = label
-        self.began = began
-        self.stream = stream  # a stream's subscribe: its head, then its events
-
-
 class HttpConnection(asyncio.Protocol):
     def __init__(self, state: ServerState[Any], config: Config, consumers: Consumers) -> None:
         self._state = state
         self._config = config
         self._consumers = consumers
-        self._auth = HttpAuth(config.token)
+        self._auth = HttpAuth(config.token, config.insecure)
         self._metrics = state.metrics
         self.inflight = 0
         self.closed = False
@@ -81,15 +53,13 @@ class HttpConnection(asyncio.Protocol):
         self.listener: Listener | None = None
         self.consumer: str | None = None  # a group stream's id, for acks sent elsewhere
         self.group: str | None = None
-        self._requests: deque[HttpRequest] = deque()
-        self._asked: dict[int, Asked] = {}
-        self._order: deque[int] = deque()  # ids asked, in order: answered in this order
-        self._ready: dict[int, bytes] = {}
-        self._next_id = 0
+        #: read and not yet handed on; a request that could not be read, last
+        self._requests: deque[HttpRequest | RemoteHttpError] = deque()
+        self._answers = Answers()
         self._scheduled = False
-        self._streaming = False  # the head of its event stream is written
-        self._early: list[bytes] = []  # events pushed before that head
+        self._events = Events()  # once it streams
         self._closing = False  # the last request to answer before closing is read
+        self._eof = False  # the client half-closed
         self._current_close = False  # the request being routed is the connection's last
         self._cut: asyncio.TimerHandle | None = None
 
@@ -102,10 +72,7 @@ class HttpConnection(asyncio.Protocol):
         if len(self._state.connections) >= self._config.max_connections:
             log.warning("refusing %s: too many connections", self.peer)
             self.closed = True
-            _, body, more = h.error_body(
-                ErrorCode.UNAVAILABLE, "too many connections; try again later"
-            )
-            self.transport.write(h.response(503, body, close=True, more=more))
+            self.transport.write(h.busy())
             self.transport.close()
             return
         self._state.connections.add(self)
@@ -120,6 +87,11 @@ class HttpConnection(asyncio.Protocol):
             self.listener.lost()
         if self._cut is not None:
             self._cut.cancel()
+
+    def eof_received(self) -> bool:
+        """The client sent all it will: what it sent is still answered, then it closes."""
+        self._eof = True
+        return bool(self._answers or self._requests)  # True keeps our side open
 
     def pause_writing(self) -> None:
         self.flow.set(FlowControl.BLOCKED, True)
@@ -139,24 +111,17 @@ class HttpConnection(asyncio.Protocol):
             self._requests.extend(self.conn.receive_data(data))
         except RemoteHttpError as exc:
             log.info("closing %s: %s", self.peer, exc)
-            self._requests.clear()
+            self._requests.extend(exc.before)  # answered first, then the error, then closed
+            self._requests.append(exc)
             self._closing = True
-            self._take_error(exc.status, exc.code, str(exc))
+            self._apply()
             return
         self.last_active = now
         self.partial_since = (self.partial_since or now) if self.conn.pending else None
+        if self.conn.expects_continue and not (self._answers or self._requests):
+            self.conn.expects_continue = False  # nothing owed before it: ask for the body
+            self.transport.write(CONTINUE)
         self._apply()
-
-    def _take_error(self, status: int, code: int, message: str) -> None:
-        """A request that could not be read whole: answered ``status`` after those before
-        it, last (413, 431, or 400 for broken HTTP)."""
-        msgid = self._begin("http", close=True)
-        self.inflight -= 1
-        if self._metrics is not None:
-            self._metrics.error(int(code))
-        _, body, more = h.error_body(code, message)
-        self._ready[msgid] = h.response(status, body, close=True, more=more)
-        self.flush()
 
     def _schedule(self) -> None:
         if not self._scheduled and not self.closed:
@@ -173,13 +138,18 @@ class HttpConnection(asyncio.Protocol):
     def _apply(self) -> None:
         began = time.monotonic()
         requests = self._requests
-        while requests and not (self.flow.stopped or self.closed or self._closing):
+        while requests and not (self.flow.stopped or self.closed):
             req = requests.popleft()
+            if isinstance(req, RemoteHttpError):  # what could not be read: the last answer
+                self._answers.unreadable(req)
+                if self._metrics is not None:
+                    self._metrics.error(int(req.code))
+                break
             self._current_close = not req.keep_alive
             if self._current_close:
                 self._closing = True
                 requests.clear()
-            routes.route(self, req, self._auth.judge(req.headers.get("authorization")))
+            routes.route(self, req, self._auth.judge(req.headers))
             if self.inflight >= self._config.max_inflight:
                 self.flow.set(FlowControl.BUSY, True)
             if time.monotonic() - began > SLICE_SECONDS:
@@ -194,12 +164,8 @@ class HttpConnection(asyncio.Protocol):
         close: bool = False,
         stream: bool = False,
     ) -> int:
-        msgid = self._next_id
-        self._next_id += 1
-        self._order.append(msgid)
-        self._asked[msgid] = Asked(shape, close, label, time.monotonic(), stream)
         self.inflight += 1
-        return msgid
+        return self._answers.begin(label, shape, close, stream)
 
     # -- what a route does (``routes.Asking``) -------------------------------------------
 
@@ -211,7 +177,8 @@ class HttpConnection(asyncio.Protocol):
         msgid = self._begin("static", None, self._current_close)
         self.inflight -= 1
         close = self._current_close
-        self._ready[msgid] = h.response(status, body, kind=kind, close=close, more=PAGE_HEADERS)
+        page = h.response(status, body, kind=kind, close=close, more=routes.PAGE_HEADERS)
+        self._answers.ready(msgid, page)
 
     def refuse(self, code: int, message: str) -> None:
         close = self._current_close or code == ErrorCode.UNAUTHORIZED
@@ -242,36 +209,26 @@ class HttpConnection(asyncio.Protocol):
 
     def reply(self, msgid: int | None, result: Any) -> None:
         self.inflight -= 1
-        asked = None if msgid is None else self._asked.get(msgid)
+        asked = self._answers.get(msgid)
         if msgid is None or asked is None:
             return
         self._observe(asked)
         if asked.stream:
-            self._ready[msgid] = self._stream_head(result)
-            return
-        assert asked.shape is not None
-        try:
-            status, body, more = asked.shape(result)
-        except Exception:
-            log.exception("cannot write the answer to %s", asked.label)
-            status, body, more = h.error_body(
-                ErrorCode.INTERNAL_ERROR, "the result could not be encoded"
-            )
-        self._ready[msgid] = h.response(status, body, close=asked.close, more=more)
+            self._answers.ready(msgid, self._stream_head(result))
+        else:
+            self._answers.result(msgid, asked, result)
 
     def reply_error(self, msgid: int | None, code: int, message: str) -> None:
         self.inflight -= 1
-        asked = None if msgid is None else self._asked.get(msgid)
+        asked = self._answers.get(msgid)
         if msgid is None or asked is None:
             return
         self._observe(asked)
         if self._metrics is not None:
             self._metrics.error(int(code))
-        message = bounded(message)
-        status, body, more = h.error_body(code, message)
+        status = self._answers.error(msgid, asked, code, message)
         if status >= 500 or code == ErrorCode.UNAUTHORIZED:
-            log.warning("%d to %s (%s): %s", status, self.peer, asked.label, message)
-        self._ready[msgid] = h.response(status, body, close=asked.close, more=more)
+            log.warning("%d to %s (%s): %s", status, self.peer, asked.label, message[:300])
         if asked.stream:
             self.listener = None
 
@@ -283,11 +240,7 @@ class HttpConnection(asyncio.Protocol):
         self.group = result.get("group")
         if self.group is not None:
             self.consumer = self._consumers.add(self)
-        hello = SUBSCRIBED.answer(result)
-        if self.consumer is not None:
-            hello["consumer"] = self.consumer
-        started = h.named("subscribed", dumps(hello))
-        return h.head(200, None, kind=h.EVENT_STREAM) + started
+        return self._events.head(result, self.consumer)
 
     def reading(self, bytes_: int) -> None:
         self.allowance.reading(bytes_)
@@ -299,14 +252,10 @@ class HttpConnection(asyncio.Protocol):
         """Every answer ready at the head of the order, in one write."""
         out = []
         close = False
-        while self._order and self._order[0] in self._ready:
-            msgid = self._order.popleft()
-            out.append(self._ready.pop(msgid))
-            asked = self._asked.pop(msgid)
+        for asked, data in self._answers.due():
+            out.append(data)
             if asked.stream and self.listener is not None:
-                self._streaming = True
-                out.extend(self._early)
-                self._early = []
+                out.extend(self._events.begin())
             elif asked.close:
                 close = True
         if out and not self.closed:
@@ -316,7 +265,7 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.abort()
                 return
             self.transport.write(b"".join(out))
-        if close and not self.closed:
+        if (close or (self._eof and not (self._answers or self._requests))) and not self.closed:
             self.closed = True
             self.transport.close()
         if self.inflight <= self._config.max_inflight // 2:
@@ -325,15 +274,11 @@ class HttpConnection(asyncio.Protocol):
     # -- what the change feed pushes through ------------------------------------------
 
     def push(self, data: bytes) -> None:
-        if self.closed:
-            return
-        if not self._streaming:
-            self._early.append(frames(data))
-            return
-        self.transport.write(frames(data))
+        if not self.closed and (out := self._events.frames(data)) is not None:
+            self.transport.write(out)
 
     def unsent(self) -> int:
-        return self.transport.get_write_buffer_size() + sum(map(len, self._early))
+        return self.transport.get_write_buffer_size() + self._events.waiting()
 
     def blocked(self) -> bool:
         return bool(self.flow.stopped & FlowControl.BLOCKED)

@@ -64,6 +64,15 @@ def _page(name: str, kind: str) -> tuple[bytes, str]:
     return (resources.files(__package__).joinpath("console", name).read_bytes(), kind)
 
 
+#: what a page of the console is sent with: it runs only its own script, and is not framed
+PAGE_HEADERS: Final = (
+    (
+        "content-security-policy",
+        "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("cache-control", "no-cache"),
+)
 #: the console: a page and its script, read once (``console/``)
 CONSOLE: Final = {
     "/": _page("index.html", "text/html; charset=utf-8"),
@@ -98,7 +107,7 @@ def route(conn: Asking, req: HttpRequest, verdict: Verdict) -> None:
     """Hand ``req`` on, or answer it; ``verdict``: what its credentials proved."""
     path, method = req.path, req.method
     if method == "GET" and path in ("/health", "/ready"):
-        conn.ask("health", [], health(path == "/ready"), path)
+        conn.ask("health", [], health(path == "/ready"), "health")
         return
     if not verdict.ok:
         conn.refuse(ErrorCode.UNAUTHORIZED, verdict.message)

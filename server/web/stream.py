@@ -16,10 +16,49 @@ import msgpack
 
 from tidal.protocol import error_data
 from tidal.protocol import http_replies as h
-from tidal.protocol.jsonmap import dumps, outward
+from tidal.protocol.jsonmap import Mapping, dumps, outward
+from tidal.protocol.methods import BY_NAME
 from tidal.protocol.schemas import FEED_EVENT
 
 _EVENT: Final = outward(FEED_EVENT)
+#: ``subscribe``'s answer, the first event of a stream
+SUBSCRIBED: Final = Mapping(BY_NAME["subscribe"])
+
+
+class Events:
+    """A connection's event stream: its head once ``subscribe`` is answered, then each
+    push as events; what is pushed before the head is written waits behind it."""
+
+    __slots__ = ("early", "started")
+
+    def __init__(self) -> None:
+        self.started = False  # the head is written
+        self.early: list[bytes] = []  # events pushed before it
+
+    def head(self, answer: dict[str, Any], consumer: str | None) -> bytes:
+        """The stream's head, ``retry``, and its first event: ``subscribed``."""
+        hello = SUBSCRIBED.answer(answer)
+        if consumer is not None:
+            hello["consumer"] = consumer
+        started = h.retry(h.RECONNECT_MS) + h.named("subscribed", dumps(hello))
+        return h.head(200, None, kind=h.EVENT_STREAM) + started
+
+    def begin(self) -> list[bytes]:
+        """The head is written: what waited for it goes next."""
+        self.started = True
+        early, self.early = self.early, []
+        return early
+
+    def frames(self, data: bytes) -> bytes | None:
+        """The events of a push, to write now; None if they wait for the head."""
+        out = frames(data)
+        if self.started:
+            return out
+        self.early.append(out)
+        return None
+
+    def waiting(self) -> int:
+        return sum(map(len, self.early))
 
 
 def as_json(event: dict[str, Any]) -> dict[str, Any]:

@@ -22,9 +22,26 @@ from . import group_checker
 from .checker import Checker
 from .cluster import ClusterTarget
 from .groups import GroupHistory, GroupLoad
+from .http_caller import HttpCaller
 from .nemesis import Target
 from .record import History
-from .workload import CALL_TIMEOUT, PROBE_USERS, PROBES, Load, dial_port
+from .workload import CALL_TIMEOUT, PROBE_USERS, PROBES, Caller, Dial, Load, dial_port
+
+#: the connections of one server's load that go through its HTTP edge (``--http``): one 16
+#: tasks deep, one 3 deep; the probes (the first two) stay on MessagePack
+OVER_HTTP = frozenset({2, 3})
+
+
+def dial_mixed(target: Target) -> Dial:
+    """Clients of the serving tidal: over HTTP for ``OVER_HTTP``, else MessagePack."""
+    plain = dial_port(target.port)
+
+    async def dial(index: int) -> Caller:
+        if index in OVER_HTTP:
+            return await HttpCaller.connect(target.serving.http_port, CALL_TIMEOUT)
+        return await plain(index)
+
+    return dial
 
 
 def keep(database: Database, disk: Path | None) -> str:
@@ -54,6 +71,7 @@ class Summary:
     anomalies: int
     seconds: float
     group: GroupHistory | None = None
+    over_http: int = 0  # operations sent through the HTTP edge
 
     def __str__(self) -> str:
         g = self.group
@@ -66,7 +84,8 @@ class Summary:
         return (
             f"history seed {self.seed}: {self.operations} operations ({self.acknowledged}"
             f" acknowledged, {self.unknown} of unknown outcome, {self.refused} refused,"
-            f" {self.full} of them for the memory budget), {self.faults} faults,"
+            f" {self.full} of them for the memory budget; {self.over_http} over HTTP),"
+            f" {self.faults} faults,"
             f" {self.checks} checks, {self.anomalies} anomalies, {self.seconds:.0f} s{grouped}"
         )
 
@@ -133,8 +152,9 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
                     target.up, one_user=True)  # fmt: skip
         group = GroupLoad(GroupHistory(), routed.lead_port, target.up, rng)
     else:
-        target = Target(database, history, *extra, pg=pg, standby=standby, disk=disk)
-        load = Load(history, rng, dial_port(target.port), target.up)
+        target = Target(database, history, *extra, "--http", "127.0.0.1:0", pg=pg,
+                        standby=standby, disk=disk)  # fmt: skip
+        load = Load(history, rng, dial_mixed(target), target.up)
         one = target
 
         async def port() -> int:
@@ -199,4 +219,5 @@ async def run(database: Database, seed: int, faults: int, nemesis: list[str], *e
         sum(op.outcome == "fail" and " full: " in str(op.reply) for op in ops),
         len(history.faults), checks, 0,
         time.monotonic() - began, group.record,
+        sum(op.client in OVER_HTTP for op in ops) if not cluster else 0,
     )  # fmt: skip

@@ -59,14 +59,14 @@ async function figures() {
 async function groups() {
   const listed = await call("groups");
   rows($("groups"), listed.map((g) => [
-    g.name, g.lag_events, g.lag_seconds, g.pending, g.dead_letters, g.consumers.length,
+    g.name, g.lag_events, g.lag_seconds.toFixed(1), g.pending, g.dead_letters, g.consumers.length,
   ]));
 }
 
 async function unconfirmed() {
   const found = await call("unconfirmed");
   rows($("unconfirmed"), found.users.map((u) => [
-    u.user_id, u.event, u.id, (u.waiting || []).join(", "),
+    u.user_id, u.event, u.id, u.groups.join(", "),
   ]));
 }
 
