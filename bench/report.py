@@ -10,7 +10,7 @@ from bench.cluster import cluster_report
 from bench.feed import feed_report
 from bench.goals import goals, targets
 from bench.groups import group_report
-from bench.http import http_report
+from bench.http_edge import http_report
 from bench.past import past_report
 from bench.scenarios import SHAPES
 from bench.systems import PG

@@ -14,7 +14,7 @@ from bench.board import board_boot_figures
 from bench.cluster import cluster_figures
 from bench.feed import feed_figures
 from bench.groups import group_figures
-from bench.http import http_figures
+from bench.http_edge import http_figures
 from bench.past import past_figures
 from bench.stored import boot_figures, counts_figures
 from bench.systems import (

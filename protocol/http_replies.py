@@ -29,6 +29,7 @@ RECONNECT_MS: Final = 1000
 JSON: Final = "application/json"
 EVENT_STREAM: Final = "text/event-stream"
 
+_OK_JSON: Final = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
 _STATUS: Final[dict[int, int]] = {
     ErrorCode.PARSE_ERROR: 400,
     ErrorCode.INVALID_REQUEST: 400,
@@ -60,6 +61,8 @@ def head(
 ) -> bytes:
     """A response's status line and headers; ``length`` None: a stream, sent until the
     connection closes (an event stream)."""
+    if status == 200 and length is not None and kind == JSON and not (close or more):
+        return _OK_JSON % length  # the usual answer, from a template
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"content-type: {kind}"]
     if length is None:
         lines.append("cache-control: no-store")

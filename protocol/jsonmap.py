@@ -56,10 +56,16 @@ def _constant(name: str) -> Any:
     raise JsonError(f"body: {name} is not a number JSON allows")
 
 
+#: made once: ``json.loads`` and ``json.dumps`` with options build one at every call
+_DECODER: Final = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_ASCII: Final = json.JSONEncoder(separators=(",", ":"))
+
+
 def loads(data: bytes) -> Any:
-    """A body's JSON, strictly (RFC 8259: no repeated keys, no NaN)."""
+    """A body's JSON, strictly (RFC 8259: UTF-8, no repeated keys, no NaN)."""
     try:
-        return json.loads(data, object_pairs_hook=_pairs, parse_constant=_constant)
+        return _DECODER.decode(data.decode())
     except RecursionError:
         raise JsonError("body: nested too deeply", ErrorCode.PARSE_ERROR) from None
     except UnicodeDecodeError as exc:
@@ -72,9 +78,9 @@ def loads(data: bytes) -> Any:
 
 def dumps(value: Any) -> bytes:
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return _ENCODER.encode(value).encode()
     except UnicodeEncodeError:  # a lone surrogate: escaped, as JSON allows
-        return json.dumps(value, separators=(",", ":")).encode()
+        return _ASCII.encode(value).encode()
 
 
 # -- the schemas' walk ------------------------------------------------------------------

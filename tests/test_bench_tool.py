@@ -6,13 +6,14 @@ import asyncio
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
-from tidal.cli import resp
+from tidal.cli import httpwire, resp
 from tidal.cli.bench import run
 from tidal.cli.workload import BenchConfig
 from tidal.client import Client, Signal
-from tidal.server import Server
+from tidal.server import Config, Server
 
 
 async def test_bench_drives_a_server_and_reads_its_cpu(server: Server) -> None:
@@ -26,6 +27,38 @@ async def test_bench_drives_a_server_and_reads_its_cpu(server: Server) -> None:
     assert result.p50_ms > 0 and result.server_cpu_us is not None and result.server_cpu_us > 0
     async with await Client.connect(host, port) as client:
         assert (await client.stats())["signals"] == 8000
+
+
+async def test_bench_drives_the_http_edge_with_the_same_requests(tmp_path: Path) -> None:
+    """``--http-port``: the same signals as JSON over keep-alive HTTP, pipelined; the
+    set-up (the Left users, the cohort) through MessagePack."""
+    server = Server(Config(port=0, db=str(tmp_path / "t.db"), http="127.0.0.1:0"))
+    await server.start()
+    try:
+        host, port = server.address
+        cfg = BenchConfig(
+            host=host, port=port, http_port=server.http_address[1], clients=4, pipeline=8,
+            requests=4000, users=1000, left_fraction=0.5, server_pid=os.getpid(),
+        )  # fmt: skip
+        result = await run(cfg)
+        assert (result.signals, result.errors) == (4000, 0)
+        async with await Client.connect(host, port) as client:
+            stats = await client.stats()
+        assert stats["signals"] == 4000 and 0 < stats["gated"] < 4000  # the Left half gated
+    finally:
+        await server.shutdown()
+
+
+def test_http_replies_are_counted_in_order_however_they_are_cut() -> None:
+    ok = b'HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{"result":1}'
+    bad = b'HTTP/1.1 400 Bad Request\r\ncontent-length: 11\r\n\r\n{"error":1}'
+    stream = ok + bad + ok
+    for cut in range(1, len(stream)):
+        replies = httpwire.Replies()
+        for slot in (3, 1, 2):
+            replies.sent(slot, 1)
+        answered = replies.feed(stream[:cut]) + replies.feed(stream[cut:])
+        assert answered == [(3, None), (1, '{"error":1}'), (2, None)], cut
 
 
 def test_resp_requests_are_the_same_work_as_tidal_s() -> None:

@@ -36,10 +36,17 @@ class HttpAuth:
     def __init__(self, token: str | None, insecure: bool = False) -> None:
         self._token = token.encode() if token else None
         self._insecure = insecure
+        self._hosts: dict[str, Verdict] = {}  # a connection names few: each judged once
 
     def judge(self, headers: dict[str, str]) -> Verdict:
         if self._token is None:
-            return self._addressed(headers.get("host", ""))
+            host = headers.get("host", "")
+            verdict = self._hosts.get(host)
+            if verdict is None:
+                verdict = self._addressed(host)
+                if len(self._hosts) < 8:
+                    self._hosts[host] = verdict
+            return verdict
         authorization = headers.get("authorization")
         if not authorization:
             return Verdict(False, NEEDS_TOKEN)

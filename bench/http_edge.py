@@ -56,7 +56,8 @@ def http_report(figures: dict[str, Any] | None) -> list[str]:
         "The same signals from the same load generator (`tidal bench`, `--http-port` for"
         " HTTP: `POST /v1/signal` with a JSON body, keep-alive, pipelined as deep as the"
         " shape says) to one tidal serving both ports, rounds alternating the two; the"
-        f" median round of each (`bench/http.py`, on {figures['date']}). The target: HTTP's"
+        f" median round of each (`bench/http_edge.py`, on {figures['date']}: compare within this"
+        " section). The target: HTTP's"
         " CPU per signal within 2x of MessagePack's.",
         "",
         "| shape | MessagePack signals/s | HTTP signals/s | MessagePack CPU µs | HTTP CPU µs"
