@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -26,16 +25,16 @@ from tidal.server.engine.health import Booting, Standby
 from tidal.server.net.connection import ServerConnection
 from tidal.server.net.shared import Served, ServerState
 from tidal.server.net.sweep import sweep_idle
-from tidal.server.net.tls import is_loopback, tls_context
+from tidal.server.net.tls import protect, tls_context
 from tidal.server.storage.backends import open_storage
 from tidal.server.storage.interface import Storage, is_url
 from tidal.server.storage.sqlite.dblock import DatabaseLock
 from tidal.server.web.connection import HttpConnection
 from tidal.server.web.consumers import Consumers
 
-from . import host, kinds, validity
+from . import host, kinds, ports, validity
 from .config import Config, redact
-from .errors import ProtectedMode, StartupError
+from .errors import StartupError
 from .metrics import Metrics
 from .starting import build_engine, loaded
 
@@ -80,15 +79,13 @@ class Server:
     def address(self) -> tuple[str, int]:
         """Where it listens; with port 0, the port the system picked."""
         assert self._server is not None, "server not started"
-        name, port = self._server.sockets[0].getsockname()[:2]
-        return name, port
+        return ports.bound(self._server)
 
     @property
     def http_address(self) -> tuple[str, int]:
         """Where the HTTP edge listens (``--http``)."""
         assert self._http is not None, "--http is off"
-        name, port = self._http.sockets[0].getsockname()[:2]
-        return name, port
+        return ports.bound(self._http)
 
     async def start(self) -> None:
         """Check, bind, lock, then load: what can fail without touching the disk fails first.
@@ -99,16 +96,7 @@ class Server:
         config = self.config
         validity.check(config)
         log.debug("%r", config)  # the token shows as ***
-        http_host = None if config.http is None else kinds.split(config.http)[0]
-        exposed = next(
-            (h for h in (config.host, http_host) if h is not None and not is_loopback(h)), None
-        )
-        if exposed is not None and not (config.token or config.insecure):
-            raise ProtectedMode(
-                f"refusing to listen on {exposed!r} without a token: anyone who can reach it"
-                " could change who has left. Set --token (or TIDAL_TOKEN), or pass --insecure"
-                " if the network in front of it is trusted."
-            )
+        protect(config)
         tls = tls_context(config)
         try:
             await self._listen(tls)
@@ -139,26 +127,12 @@ class Server:
         def factory() -> ServerConnection:
             return ServerConnection(state, config)
 
-        loop = asyncio.get_running_loop()
-        try:
-            self._server = await loop.create_server(
-                factory,
-                config.host,
-                config.port,
-                reuse_address=True,
-                backlog=config.backlog,
-                ssl=tls,
-                ssl_handshake_timeout=10.0 if tls else None,
-            )
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen on {config.host}:{config.port}: {host.why(exc)}"
-            ) from None
-        for sock in self._server.sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        where = f"{config.host}:{config.port}"
+        self._server = await ports.listen(
+            factory, (config.host, config.port), config, tls, f"cannot listen on {where}"
+        )
         sweep = sweep_idle(self.connections, config.idle_timeout, config.message_timeout)
-        self._sweeper = loop.create_task(sweep, name="tidal-idle-sweeper")
+        self._sweeper = asyncio.get_running_loop().create_task(sweep, name="tidal-idle-sweeper")
         if state.metrics is not None:
             self._serve_metrics(state.metrics)
         if config.http is not None:
@@ -167,23 +141,15 @@ class Server:
     async def _listen_http(self, where: str, tls: ssl.SSLContext | None) -> None:
         """The HTTP edge, over the same state: its connections count with the TCP port's,
         are held by the same switch, swept by the same clock, drained by the same shutdown."""
-        host_, port = kinds.split(where)
         consumers = Consumers()
         state, config = self.state, self.config
 
         def factory() -> HttpConnection:
             return HttpConnection(state, config, consumers)
 
-        try:
-            self._http = await asyncio.get_running_loop().create_server(
-                factory, host_, port, reuse_address=True, backlog=config.backlog, ssl=tls,
-                ssl_handshake_timeout=10.0 if tls else None,
-            )  # fmt: skip
-        except OSError as exc:
-            raise StartupError(f"cannot serve HTTP on {where}: {host.why(exc)}") from None
-        for sock in self._http.sockets:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._http = await ports.listen(
+            factory, kinds.split(where), config, tls, f"cannot serve HTTP on {where}"
+        )
         log.info("HTTP on %s://%s:%d/", "https" if tls else "http", *self.http_address[:2])
 
     async def _boot(self) -> Engine:

@@ -117,16 +117,16 @@ def route(conn: Asking, req: HttpRequest, verdict: Verdict) -> None:
         conn.answer_now(200, *page)
         return
     try:
-        if path.startswith("/v1/groups/"):
-            _group(conn, req, path[len("/v1/groups/") :])
-        elif path.startswith("/v1/") and path != "/v1/events" and path != "/v1/openrpc.json":
-            _posted(conn, req, path[len("/v1/") :])
-        elif path == "/v1/events":
+        if path == "/v1/events":
             _only(req, "GET")
             conn.stream(feed_options(req, None))
         elif path == "/v1/openrpc.json":
             _only(req, "GET")
             conn.ask("rpc.discover", [], document, "rpc.discover")
+        elif path.startswith("/v1/groups/"):
+            _group(conn, req, path[len("/v1/groups/") :])
+        elif path.startswith("/v1/"):
+            _posted(conn, req, path[len("/v1/") :])
         else:
             raise Refused(ErrorCode.METHOD_NOT_FOUND, f"not found: {path[:200]}")
     except (JsonError, Refused) as exc:
