@@ -233,8 +233,9 @@ def _group(conn: Asking, req: HttpRequest, rest: str) -> None:
             f"body: {{ids, consumer}}: consumer is the id the stream of {name!r} named",
         )
     consumer = given.pop("consumer")
-    mapping = Mapping(_ACKS[what])
+    mapping = _ACKS[what]
     conn.on_behalf(name, consumer, what, mapping.params(given), result(mapping))
 
 
-_ACKS: Final = {m.name: m for m in TABLE if m.name in ("ack", "nack")}
+#: a group's ack and nack over HTTP: their params mapped as the table's (made once)
+_ACKS: Final = {m.name: Mapping(m) for m in TABLE if m.name in ("ack", "nack")}
