@@ -27,7 +27,16 @@ from . import resp as resp_wire
 from .cleanup import Made, clean_up
 from .pipeline import Load
 from .results import BenchResult, result_of
-from .workload import BATCHES, COHORT, USER_BASE, WORKLOADS, BenchConfig, made, requests
+from .workload import (
+    BATCHES,
+    COHORT,
+    USER_BASE,
+    WORKLOADS,
+    BenchConfig,
+    made,
+    requests,
+    too_many,
+)
 
 
 async def _setup(cfg: BenchConfig) -> tuple[BenchConfig, bool]:
@@ -99,6 +108,8 @@ async def measure(
         raise ValueError("clients, pipeline and requests must be at least 1")
     if cfg.workload not in WORKLOADS:
         raise ValueError(f"workload: one of {', '.join(WORKLOADS)}")
+    if (refused := too_many(cfg)) is not None:
+        raise ValueError(refused)
     cfg, cohort = await _setup(cfg)
     users = {USER_BASE + u for u in range(int(cfg.users * cfg.left_fraction))}
     rng = random.Random(cfg.seed)

@@ -124,14 +124,14 @@ def bench(args: argparse.Namespace) -> int:
     from . import bench as load
     from . import results as shown
     from .cleanup import clean_up
-    from .workload import COHORT, BenchConfig
+    from .workload import COHORT, BenchConfig, default_requests
 
     cfg = BenchConfig(
         host=args.host,
         port=args.port,
         clients=args.clients,
         pipeline=args.pipeline,
-        requests=args.requests,
+        requests=args.requests or default_requests(args.workload, args.batch_size),
         workload=args.workload,
         batch_size=args.batch_size,
         users=args.users,

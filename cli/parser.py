@@ -179,7 +179,11 @@ def _bench(commands: Commands, settings: Settings) -> None:
         help="requests in flight per connection (1)",
     )
     bench.add_argument(
-        "--requests", "-n", type=_some(10**9), default=100_000, help="total (100000)"
+        "--requests",
+        "-n",
+        type=_some(10**9),
+        default=None,
+        help="total (100000; with the batch workloads, 100000 signals: 100 batches of 1000)",
     )
     bench.add_argument(
         "--workload",

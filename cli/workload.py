@@ -32,6 +32,27 @@ MAKES: Final = ("signal", "signal_batch", "leave", "rejoin")
 #: what the top workloads read: community bench:c0 (signals name bench:c{user % 16}), view
 TOP_OPTIONS: Final = {"top": {}, "top_window": {"window": "24h"}, "top_trend": {"by": "trend"}}
 COUNTRIES: Final = ("DE", "FR", "US", "JP")
+#: requests by default; with the batch workloads, signals: 100,000 batches of 1,000
+#: were 100 million signals, encoded for minutes before the clock started
+REQUESTS: Final = 100_000
+#: signals a run encodes before its clock starts, at most (about 60 bytes each)
+SIGNALS_AT_MOST: Final = 10_000_000
+
+
+def default_requests(workload: str, batch_size: int) -> int:
+    return max(1, REQUESTS // batch_size) if workload in BATCHES else REQUESTS
+
+
+def too_many(cfg: BenchConfig) -> str | None:
+    """Why the run would not fit in memory, if it would not: every request is encoded
+    before the clock starts."""
+    signals = cfg.requests * (cfg.batch_size if cfg.workload in BATCHES else 1)
+    if signals <= SIGNALS_AT_MOST:
+        return None
+    return (
+        f"requests: {cfg.requests:,} requests of {cfg.workload} are {signals:,} signals,"
+        f" all encoded before the clock starts; at most {SIGNALS_AT_MOST:,}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +61,7 @@ class BenchConfig:
     port: int = 7411
     clients: int = 50
     pipeline: int = 1
-    requests: int = 100_000
+    requests: int = REQUESTS
     workload: Workload = "signal"
     batch_size: int = 1_000
     users: int = 100_000

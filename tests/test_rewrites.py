@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tidal.client import Client, Signal, Tally
 from tidal.server.core import userrows
@@ -290,3 +292,52 @@ def test_the_rule_a_row_is_read_through() -> None:
     rule = NO_RULE.wider(False, 10).wider(True, 5)
     assert [reach(rule, seq, 1) for seq in (4, 5, 9, 10)] == [-1, 0, 0, 1]
     assert reach(rule, 12, 0) == 0
+
+
+async def test_a_clean_up_s_many_erasures_killed_midway_are_all_resumed_at_boot(
+    database: Database,
+) -> None:
+    """Many users erased at once (as ``tidal bench`` cleans up), their rows across blocks,
+    killed a row a commit in: the boot finds every rule's rows, the blocks read once for
+    all of them, and deletes them all; nothing erased counts again meanwhile."""
+    users = range(100, 100 + 2 * userrows.ONE_PASS)
+    each = userrows.BLOCK // len(users) + 10  # so that their rows fill a block and go past it
+    process = ServerProcess(database.target, "--rewrite-chunk", "1")
+    await process.start()
+    async with await process.connect() as c:
+        await seed(c, 0)  # user 8's five, the cohort
+        mine = [Signal(u, "song", "view", 1.0, ["x"], GOLD) for _ in range(each) for u in users]
+        for start in range(0, len(mine), 500):
+            await c.signal_batch(mine[start : start + 500])
+        erased = await asyncio.gather(*(c.erase(u) for u in users))
+        assert [e.signals for e in erased] == [each] * len(users)
+        async with writes_held(database):
+            assert len(await database.rows("SELECT user_id FROM rewrites")) > 1, "all rewritten"
+            await process.kill9()
+
+    await process.start()
+    async with await process.connect() as c:
+        only_user_8(as_dict(await c.counts("song")), Tally(5, 10.0))
+        # with no request coming, the rows were left until the idle writer's next probe of
+        # the database, 60 s on: the boot wakes it
+        for u in users:
+            await process.logged(f"user {u}: ", timeout=30)  # the last of its rows deleted
+        assert (await c.stats())["ledger_rewriting"] == 0
+    assert await process.stop() == 0
+    assert await rule_of(database, 100) == []
+    assert await database.rows("SELECT COUNT(*) FROM ledger WHERE user_id >= 100") == [(0,)]
+    assert await database.rows("SELECT COUNT(*) FROM rewrites") == [(0,)]
+
+
+@given(
+    entries=st.lists(st.sampled_from([1, 2, 256, 257, 1 << 40, (1 << 40) + 1]), max_size=60),
+    users=st.sets(st.sampled_from([1, 2, 256, 257, 1 << 40, 3, 4, 5, 6, 7, 8, 9]), max_size=12),
+)
+def test_finding_many_users_at_once_finds_what_finding_each_finds(
+    entries: list[int], users: set[int]
+) -> None:
+    """Sans I/O: each block's entries read at once (from ``ONE_PASS`` users on) or each
+    user's bytes searched for, the same seqs; bytes that straddle two entries never match."""
+    blocks = [(1 + at, userrows.pack(entries[at : at + 16])) for at in range(0, len(entries), 16)]
+    expected = {u: [s + 1 for s, e in enumerate(entries) if e == u] for u in users}
+    assert userrows.find_all(blocks, users) == {u: s for u, s in expected.items() if s}

@@ -84,13 +84,22 @@ class Rewrites:
         self.rules = rules  # by user_id
         self._chunk = chunk
         self._jobs: deque[Job] = deque()
+        #: jobs queued per user, and rows still to rewrite: kept as jobs come and go, for
+        #: a bench's clean-up queues 100,000 erases, and each chunk asks (``_only``)
+        self._queued: dict[int, int] = {}
+        self._pending = 0
+
+    def _append(self, job: Job) -> None:
+        self._jobs.append(job)
+        self._queued[job.user] = self._queued.get(job.user, 0) + 1
+        self._pending += len(job.seqs)
 
     def rule(self, user: int) -> Rule:
         return self.rules.get(user, NO_RULE)
 
     def pending(self) -> int:
         """Rows still to rewrite."""
-        return sum(len(job.seqs) - job.done for job in self._jobs)
+        return self._pending
 
     def busy(self) -> bool:
         return bool(self._jobs)
@@ -99,11 +108,11 @@ class Rewrites:
         """A withdrawal committed, with its rule (``wider`` than the user's last) and the
         rows it covers (never none: a withdrawal of no row writes no rule)."""
         self.rules[user] = self.rule(user).wider(erase, before_seq)
-        self._jobs.append(Job(user, erase, seqs))
+        self._append(Job(user, erase, seqs))
 
     def resume(self, user: int, erase: bool, seqs: list[int]) -> None:
         """At boot: rows a rule still covers, found again (the rule itself was loaded)."""
-        self._jobs.append(Job(user, erase, seqs))
+        self._append(Job(user, erase, seqs))
 
     def chunk(self, withdrawing: set[int]) -> Rewrite | None:
         """The next commit's chunk. Its ``last`` deletes the rule, unless another job of
@@ -121,6 +130,8 @@ class Rewrites:
         """Cluster mode: the user's partition is served by another node now, which rewrites
         what is left (it loads the rule as it takes the partition)."""
         self._jobs = deque(job for job in self._jobs if job.user != user)
+        self._queued.pop(user, None)
+        self._pending = sum(len(job.seqs) - job.done for job in self._jobs)
         self.rules.pop(user, None)
 
     def committed(self, rewrite: Rewrite, seconds: float = 0.0) -> Job | None:
@@ -129,18 +140,23 @@ class Rewrites:
         if job is None or not self._jobs or self._jobs[0] is not job:
             return None  # dropped meanwhile (cluster mode: its partition went)
         job.done += len(rewrite.seqs)
+        self._pending -= len(rewrite.seqs)
         job.commits += 1
         job.longest = max(job.longest, seconds)
         if job.done < len(job.seqs):
             return None
         self._jobs.popleft()
+        if (left := self._queued[job.user] - 1) == 0:
+            del self._queued[job.user]
+        else:
+            self._queued[job.user] = left
         if rewrite.last:
             self.rules.pop(job.user, None)
-        elif not any(j.user == job.user for j in self._jobs):
+        elif not left:
             # its last chunk shared a commit with a withdrawal of the same user that found
             # no row: a chunk of none deletes the rule
-            self._jobs.append(Job(job.user, job.erase, []))
+            self._append(Job(job.user, job.erase, []))
         return job
 
     def _only(self, job: Job) -> bool:
-        return sum(1 for j in self._jobs if j.user == job.user) == 1
+        return self._queued[job.user] == 1

@@ -20,7 +20,7 @@ longer in the ledger).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from operator import itemgetter
 from typing import Final
 
@@ -53,6 +53,31 @@ def find(block: bytes, first_seq: int, user: int) -> list[int]:
         else:  # the bytes straddle two entries
             at = block.find(pattern, at + 1)
     return seqs
+
+
+#: from this many users on, ``find_all`` reads each block's users once, not each user's
+#: bytes once per user: a search of 256k rows for one user took 1.3 ms here, and the pass
+#: that hashes them all 9 ms
+ONE_PASS: Final = 8
+
+
+def find_all(blocks: Iterable[tuple[int, bytes]], users: Collection[int]) -> dict[int, list[int]]:
+    """The seqs of each of ``users``' rows in ``blocks`` (as stored), for those with any:
+    a bench's clean-up surveys hundreds of erasures at once, and searching the blocks once
+    per user took the reader seconds a commit."""
+    found: dict[int, list[int]] = {}
+    wanted = set(users)
+    for first, block in blocks:
+        if len(wanted) < ONE_PASS:
+            held: Iterable[int] = wanted
+        else:
+            entries = array("q")
+            entries.frombytes(block)
+            held = wanted.intersection(entries)  # in C: the block's users hashed once
+        for user in held:
+            if seqs := find(block, first, user):
+                found.setdefault(user, []).extend(seqs)
+    return found
 
 
 def blank(block: bytes, first_seq: int, seqs: Iterable[int]) -> bytes:
@@ -108,6 +133,16 @@ class UserRows:
         user = to_db(user_id)
         seqs = [first + i for i, u in enumerate(self.tail) if u == user and first + i < before_seq]
         return seqs + [row[0] for row in pending if row[1] == user and row[0] < before_seq]
+
+    def tails(self, user_ids: Collection[int]) -> dict[int, list[int]]:
+        """Each user's seqs in the tail, in one pass over it (by user_id)."""
+        wanted = {to_db(user_id): user_id for user_id in user_ids}
+        first = self.next_block
+        out: dict[int, list[int]] = {}
+        for i, user in enumerate(self.tail):
+            if (user_id := wanted.get(user)) is not None:
+                out.setdefault(user_id, []).append(first + i)
+        return out
 
     def deleted(self, seqs: Iterable[int]) -> None:
         """An erase's rows, deleted in a commit: their entries in the tail go too, so that

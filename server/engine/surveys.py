@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -46,6 +47,8 @@ log = logging.getLogger("tidal.engine")
 
 #: a failed read at boot, looking for the rows a rule still covers: tried again after
 RESUME_RETRY: Final = 1.0
+#: rules whose rows one read at boot finds: the blocks are read once for them all
+RESUME_AT_ONCE: Final = 1000
 
 
 class Surveys:
@@ -269,20 +272,17 @@ class Surveys:
     async def _resume(self) -> None:
         """At boot, or partitions taken: the rows the loaded rules still cover, to rewrite."""
         while self._unresumed:
-            user, rule = next(iter(self._unresumed.items()))
-            tail = self._user_rows.recent(user, 1 << 64)  # every seq
-            unwritten = functools.partial(
-                storage_past.unwritten, user_id=user, rule=rule, tail=tail
-            )
-            erase, purge = await self._storage.read(unwritten)
-            if erase:
-                self.rewrites.resume(user, True, erase)
-            if purge or not erase:
-                self.rewrites.resume(user, False, purge)
-            if self._unresumed.get(user) == rule:  # else adopted anew meanwhile
-                del self._unresumed[user]
-            log.info(
-                "user %d: %d rows of a purge or erase still to rewrite",
-                user,
-                len(erase) + len(purge),
-            )
+            rules = dict(itertools.islice(self._unresumed.items(), RESUME_AT_ONCE))
+            tails = self._user_rows.tails(rules)
+            unwritten = functools.partial(storage_past.unwritten, rules=rules, tails=tails)
+            rows = 0
+            for user, (erase, purge) in (await self._storage.read(unwritten)).items():
+                if erase:
+                    self.rewrites.resume(user, True, erase)
+                if purge or not erase:
+                    self.rewrites.resume(user, False, purge)
+                if self._unresumed.get(user) == rules[user]:  # else adopted anew meanwhile
+                    del self._unresumed[user]
+                rows += len(erase) + len(purge)
+            log.info("%d users: %d rows of purges or erasures still to rewrite", len(rules), rows)
+            self._committer.wake()  # an idle writer starts on them: no request may come

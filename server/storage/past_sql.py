@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from tidal.server.core import past, userrows
@@ -83,12 +83,6 @@ _PUT_RULE: Final = (
 )
 
 
-def _find(blocks: Iterable[tuple[int, bytes]], user: int, below: int) -> list[int]:
-    return [
-        seq for first, block in blocks for seq in userrows.find(block, first, user) if seq < below
-    ]
-
-
 def _rows_of(d: Dialect, user: int, seqs: list[int]) -> Plan[list[past.PastRow]]:
     if not seqs:
         return []
@@ -116,11 +110,13 @@ def survey(
         through = 0 if last is None else last + userrows.BLOCK
     watermark = yield from table_watermark()
     blocks = yield Rows(_BLOCKS + " WHERE first_seq < ?", (through,))
+    found = userrows.find_all(blocks, {to_db(w.user_id) for w in ws})
     surveys = []
     for w in ws:
         user = to_db(w.user_id)
         below = min(w.before_seq, through)
-        rows = yield from _rows_of(d, user, sorted(_find(blocks, user, below)))
+        seqs = sorted(seq for seq in found.get(user, ()) if seq < below)
+        rows = yield from _rows_of(d, user, seqs)
         seqs, taken = past.withdrawn(rows, w.rule, w.erase)
         surveys.append(past.Survey.of(through, watermark, seqs, taken, decay, now_ns))
     return surveys
@@ -140,20 +136,20 @@ def withdraw(d: Dialect, batch: Batch, watermark: int) -> Plan[None]:
     blocks = yield Rows(
         _BLOCKS + " WHERE first_seq > ? AND first_seq < ?", (through - userrows.BLOCK, below)
     )
+    found = userrows.find_all(blocks, {to_db(w.user_id) for w in batch.past})
     for w, survey in zip(batch.past, surveys, strict=True):
-        past_it = [(f, block) for f, block in blocks if f + len(block) // 8 > survey.through]
-        yield from _withdraw(d, w, survey, past_it, watermark, batch)
+        yield from _withdraw(d, w, survey, found.get(to_db(w.user_id), []), watermark, batch)
 
 
-def _withdraw(d: Dialect, w: past.Withdrawal, survey: past.Survey, blocks: list[tuple[int, bytes]],
+def _withdraw(d: Dialect, w: past.Withdrawal, survey: past.Survey, in_blocks: list[int],
               watermark: int, batch: Batch) -> Plan[None]:  # fmt: skip
-    """One takes effect: the rows past its survey found (those of ``blocks``, and of
-    memory's tail), its sums off the tables (rows up to ``watermark``) now and off the
-    board once committed, and its rule recorded, so that its rows count as rewritten until
-    they are (``core.rewrites``)."""
+    """One takes effect: the rows past its survey found (``in_blocks``, the blocks'
+    rows of its user, and memory's tail), its sums off the tables (rows up to
+    ``watermark``) now and off the board once committed, and its rule recorded, so that
+    its rows count as rewritten until they are (``core.rewrites``)."""
     began = time.perf_counter()
     user = to_db(w.user_id)
-    found = [seq for seq in _find(blocks, user, w.before_seq) if seq >= survey.through]
+    found = [seq for seq in in_blocks if survey.through <= seq < w.before_seq]
     found += [seq for seq in w.recent if seq >= survey.through]
     rows = yield from _rows_of(d, user, sorted(set(found)))
     aggregates, bucket_rows = w.add(rows, watermark, batch.decay, batch.now_ns)
@@ -207,21 +203,28 @@ def rules() -> Plan[dict[int, Rule]]:
 
 
 def unwritten(
-    d: Dialect, user_id: int, rule: Rule, tail: Iterable[int]
-) -> Plan[tuple[list[int], list[int]]]:
-    """At boot, on the reader: the rows a rule still covers, as the erase's and the
-    purge's to rewrite. ``tail``: the user's rows past the last block (from memory)."""
-    user = to_db(user_id)
-    below = max(rule.purge_before, rule.erase_before)
+    d: Dialect, rules: dict[int, Rule], tails: dict[int, list[int]]
+) -> Plan[dict[int, tuple[list[int], list[int]]]]:
+    """At boot, on the reader: the rows each rule (by user_id) still covers, as the
+    erase's and the purge's to rewrite, the blocks read once for all of them (a clean-up
+    killed midway leaves thousands). ``tails``: each user's rows past the last block
+    (from memory)."""
     blocks = yield Rows(_BLOCKS)
-    seqs = sorted(set(_find(blocks, user, below)) | {seq for seq in tail if seq < below})
-    rows: list[tuple[int, int]] = []
-    if seqs:
-        query = f"SELECT seq, forwarded FROM ledger WHERE {d.in_seqs} AND user_id = ? ORDER BY seq"
-        rows = yield Rows(query, (d.seqs(seqs), user))
-    erase = [seq for seq, _ in rows if seq < rule.erase_before]
-    purge = [seq for seq, fwd in rows if seq >= rule.erase_before and fwd]
-    return erase, purge
+    found = userrows.find_all(blocks, {to_db(user) for user in rules})
+    query = f"SELECT seq, forwarded FROM ledger WHERE {d.in_seqs} AND user_id = ? ORDER BY seq"
+    out = {}
+    for user_id, rule in rules.items():
+        user = to_db(user_id)
+        below = max(rule.purge_before, rule.erase_before)
+        listed = {seq for seq in found.get(user, ()) if seq < below}
+        seqs = sorted(listed.union(seq for seq in tails.get(user_id, ()) if seq < below))
+        rows: list[tuple[int, int]] = []
+        if seqs:
+            rows = yield Rows(query, (d.seqs(seqs), user))
+        erase = [seq for seq, _ in rows if seq < rule.erase_before]
+        purge = [seq for seq, fwd in rows if seq >= rule.erase_before and fwd]
+        out[user_id] = (erase, purge)
+    return out
 
 
 def catch_up_blocks(next_seq: int) -> Plan[tuple[int, list[int]]]:
