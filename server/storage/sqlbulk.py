@@ -117,7 +117,13 @@ class Fill(NamedTuple):
     into: dict[Any, Any]
 
 
-Op: TypeAlias = Exec | Rows | Changed | Many | Put | Try | Fill | Begin | Commit
+class Turn(NamedTuple):
+    """A turn of the event loop for everyone else, amid a long computation of the plan's
+    own: PostgreSQL runs plans on the loop (SQLite, in a thread of their own, goes on at
+    once); answered with None."""
+
+
+Op: TypeAlias = Exec | Rows | Changed | Many | Put | Try | Fill | Begin | Commit | Turn
 Plan: TypeAlias = Generator[Op, Any, T]
 
 

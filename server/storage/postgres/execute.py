@@ -22,6 +22,7 @@ from tidal.server.storage.sqlbulk import (
     Put,
     Rows,
     Try,
+    Turn,
     unknown,
 )
 
@@ -240,6 +241,8 @@ async def _run(conn: asyncpg.Connection, ids: BatchIds, plan: Plan[T], t: float 
                 if warning is not None:
                     raise CommitUnreplicated(warning)
                 ids.last_id = ids.next_id
+            elif isinstance(op, Turn):
+                await asyncio.sleep(0)  # the others' turn: plans run on the loop here
             else:  # a kind this runner does not know: never taken for a COMMIT
                 unknown(op)
     except StopIteration as done:

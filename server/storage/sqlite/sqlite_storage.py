@@ -39,6 +39,7 @@ from tidal.server.storage.sqlbulk import (
     Put,
     Rows,
     Try,
+    Turn,
     unknown,
 )
 
@@ -204,6 +205,8 @@ def run(db: sqlite3.Connection, plan: Plan[T]) -> T:
             elif isinstance(op, Commit):
                 db.execute("COMMIT")
                 in_transaction = False
+            elif isinstance(op, Turn):
+                pass  # a thread of its own: the loop runs beside it
             else:  # a kind this runner does not know: never taken for a COMMIT
                 unknown(op)
     except StopIteration as done:
