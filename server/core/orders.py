@@ -1,15 +1,17 @@
-"""The orders ``top`` reads: per scope, per score, per window or half-life, a sorted
-list of ``(-score, entity)``, built when first read and kept while it is read. Each read
-first moves in the entities changed since the last (``Scope.dirty``, handed to each
-order as its ``pending``), so its cost follows what changed, not how many entities
-there are.
+"""The orders ``top`` reads: per scope, per score, per window or half-life, the head of
+the ranking, its ``HEAD`` best ``(-score, entity)`` pairs sorted, built when first read
+and kept while it is read. Every entity left out of the head ranks below its ``floor``;
+so a changed entity is compared with the floor, and only one that ranks above it is
+moved into the sorted list. Each read first looks at the entities changed since the last
+(``Scope.dirty``, handed to each order as its ``pending``), so its cost follows what
+changed, not how many entities there are, and what an order holds is bounded whatever
+the scope's size. A page past the head reads the whole scope (``Order.below``).
 
-What a read costs is its own: building an order of a big scope, or moving many
-entities into one, is done ``SLICE`` entities at a time (``prepare``), between which
-the server serves everyone else; the read answers once the rest is small. An order
-not read for ``ORDER_IDLE_NS`` is dropped (``evict``), and with it the tracking of its
-scope's changes: each kept order costs about 250 bytes per entity ranked
-(docs/DESIGN.md, "Rankings and windows").
+What a read costs is its own: building an order of a big scope, or looking at many
+changed entities, is done ``SLICE`` entities at a time (``prepare``), between which the
+server serves everyone else; the read answers once the rest is small. An order not read
+for ``ORDER_IDLE_NS`` is dropped (``evict``), and with it the tracking of its scope's
+changes (docs/DESIGN.md, "Rankings and windows").
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ COUNT, WEIGHT, TREND = 0, 1, 2
 #: entities whose keys are computed and sorted per turn of the event loop when an order
 #: is built (about 1 ms of work here); a quarter as many moved into a built order
 SLICE: Final = 1024
+#: pairs an order keeps at the head of its ranking, the rest left below its floor; twice
+#: ``ranking.TOP_LIMIT``, so that a page of the most answers from it
+HEAD: Final = 2048
 #: an order not read for this long is dropped; the next read builds it again
 ORDER_IDLE_NS: Final = 60 * 10**9
 #: how often kept orders are looked at for dropping
@@ -37,17 +42,20 @@ EVICT_EVERY_NS: Final = 5 * 10**9
 
 
 class Order:
-    """The tallies of a scope with signals in the window, highest score first, then by
-    entity. ``pending``: entities whose key may have changed since they were moved in.
-    ``building``: the steps that fill it from scratch, until they are done."""
+    """The head of a scope's ranking: its ``HEAD`` best pairs (-score, entity) with
+    signals in the window, sorted. Every entity left out ranks below ``floor``, the worst
+    pair taken in when it was built (None: none was left out). ``pending``: entities whose
+    key may have changed since they were looked at. ``building``: the steps that fill it
+    from scratch, until they are done."""
 
-    __slots__ = ("building", "by", "keys", "pending", "ranked", "read_ns", "which")
+    __slots__ = ("building", "by", "floor", "keys", "pending", "ranked", "read_ns", "which")
 
     def __init__(self, by: int, which: int, now_ns: int) -> None:
         self.by = by
         self.which = which  # a window (-1: all) or, for trend, a half-life's place
-        self.keys: dict[str, tuple[float, str]] = {}
+        self.keys: dict[str, tuple[float, str]] = {}  # of the entities in the head
         self.ranked: SortedList[tuple[float, str]] = SortedList()
+        self.floor: tuple[float, str] | None = None
         self.pending: set[str] = set()
         self.read_ns = now_ns
         self.building: Iterator[None] | None = None
@@ -61,47 +69,77 @@ class Order:
         return -count if self.by == COUNT else -weight
 
     def update(self, entity: str, tally: Tally | None) -> None:
+        """Its new place: in the head if it ranks above the floor, else left out with the
+        others below it (a member that fell below it leaves the head)."""
         old = self.keys.pop(entity, None)
         if old is not None:
             self.ranked.remove(old)
         key = None if tally is None else self.key(tally)
         if key is not None:
-            new = self.keys[entity] = (key, entity)
-            self.ranked.add(new)
+            pair = (key, entity)
+            if self.floor is None or pair <= self.floor:
+                self.keys[entity] = pair
+                self.ranked.add(pair)
 
     def catch_up(self, tallies: dict[str, Tally], most: int) -> None:
-        """Moves in at most ``most`` of the pending entities."""
+        """Moves in at most ``most`` of the pending entities; a head grown past twice its
+        size gives back its worst, the floor rising to the last kept."""
         pending, update = self.pending, self.update
         for _ in range(min(most, len(pending))):
             entity = pending.pop()
             update(entity, tallies.get(entity))
+        if len(self.ranked) > 2 * HEAD:
+            for _, entity in self.ranked[HEAD:]:
+                del self.keys[entity]
+            del self.ranked[HEAD:]
+            self.floor = self.ranked[-1]
+
+    def short(self) -> bool:
+        """Too few left in the head above the floor (members fell below it): built again."""
+        return self.floor is not None and len(self.ranked) < HEAD // 2
 
     def build(self, scope: Scope) -> Iterator[None]:
-        """Fills it from scratch, a slice a step: keys computed and sorted in runs of
-        ``SLICE``, the runs merged, then taken in at once (a sorted list is checked in
-        one pass). What changes meanwhile is handed out as ``pending``."""
-        self.keys, self.ranked, self.pending = {}, SortedList(), set()
+        """Fills it from scratch, a slice a step: keys computed in runs of ``SLICE``, the
+        best ``HEAD`` kept as they come. What changes meanwhile is handed out as
+        ``pending``."""
+        self.keys, self.ranked, self.pending, self.floor = {}, SortedList(), set(), None
         entities = list(scope.tallies)
-        runs: list[list[tuple[float, str]]] = []
-        key, keys, tallies = self.key, self.keys, scope.tallies
+        best: list[tuple[float, str]] = []
+        ranked = 0
+        key, tallies = self.key, scope.tallies
         for i in range(0, len(entities), SLICE):
             run = []
             for entity in entities[i : i + SLICE]:
                 tally = tallies.get(entity)
                 k = None if tally is None else key(tally)
                 if k is not None:
-                    run.append(pair := (k, entity))
-                    keys[entity] = pair
-            run.sort()
-            runs.append(run)
+                    run.append((k, entity))
+            ranked += len(run)
+            if len(best) == HEAD:
+                worst = best[-1]
+                run = [pair for pair in run if pair < worst]
+            if run:
+                best = sorted(best + run)[:HEAD]
             yield
-        merged: list[tuple[float, str]] = []
-        for n, pair in enumerate(heapq.merge(*runs), 1):
-            merged.append(pair)
-            if n % (SLICE * 4) == 0:
-                yield
-        self.ranked = SortedList(merged)
+        self.ranked = SortedList(best)
+        self.keys = {pair[1]: pair for pair in best}
+        self.floor = best[-1] if ranked > len(best) else None
         self.building = None
+
+    def below(
+        self, scope: Scope, after: tuple[float, str] | None, n: int
+    ) -> list[tuple[float, str]]:
+        """The ``n`` best pairs past the head (and past ``after``): a page beyond the head
+        reads every entity of the scope, as a build does, but keeps nothing."""
+        assert self.floor is not None
+        start = self.floor if after is None or after < self.floor else after
+        key = self.key
+        pairs = []
+        for entity, tally in scope.tallies.items():
+            k = key(tally)
+            if k is not None and (pair := (k, entity)) > start:
+                pairs.append(pair)
+        return heapq.nsmallest(n, pairs)
 
 
 def _hand_out(scope: Scope) -> None:
@@ -122,7 +160,9 @@ def _kept(board: Board, scope: Scope, by: int, which: int, now_ns: int) -> Order
         board.ordered.add(scope)
         kept.building = kept.build(scope)
     assert isinstance(kept, Order)
-    if kept.building is None and len(kept.pending) > max(SLICE, len(kept.keys) // 4):
+    if kept.building is None and (
+        len(kept.pending) > max(SLICE, len(scope.tallies) // 4) or kept.short()
+    ):
         kept.building = kept.build(scope)
     if kept.building is not None and len(scope.tallies) <= SLICE:  # a slice: now
         for _ in kept.building:
@@ -180,6 +220,6 @@ def evict(board: Board, now_ns: int) -> None:
 
 
 def kept_orders(board: Board) -> tuple[int, int]:
-    """Orders kept, and the entities ranked in them."""
+    """Orders kept, and the entities in their heads."""
     orders = [kept for scope in board.ordered for kept in scope.orders.values()]
     return len(orders), sum(len(kept.keys) for kept in orders)

@@ -7,6 +7,7 @@ before, so pages neither repeat nor skip while nothing changes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
@@ -31,22 +32,22 @@ def top(board: Board, slot: Slot, by: int, which: int, limit: int, after: tuple[
     if scope is None:
         return {"entities": [], "next": None, "as_of_ns": as_of_ns}
     kept = order(board, scope, by, which, as_of_ns)
-    pairs = (
+    head = (
         kept.ranked.irange(minimum=after, inclusive=(False, False))
         if after is not None
         else iter(kept.ranked)
     )
+    pairs = list(itertools.islice(head, limit + 1))  # one more: is there a next page?
+    if len(pairs) <= limit and kept.floor is not None:  # the page goes past the head
+        pairs += kept.below(scope, after, limit + 1 - len(pairs))
+    more = len(pairs) > limit
     factor = 1.0
     if by == TREND:
         half_life, base = board.decay[which]
         factor = windows.score_factor(as_of_ns, base, half_life)
     entities: list[dict[str, Any]] = []
     last: tuple[Any, str] | None = None
-    more = False
-    for pair in pairs:
-        if len(entities) == limit:
-            more = True
-            break
+    for pair in pairs[:limit]:
         tally = scope.tallies[pair[1]]
         count, weight = tally.window(-1 if by == TREND else which)
         score = float(count) if by == COUNT else weight if by == WEIGHT else -pair[0] * factor
