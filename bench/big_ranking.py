@@ -90,6 +90,7 @@ async def _figures(port: int, rss: Any, entities: int, rounds: int) -> dict[str,
         "top_p99_ms": _p(reads, 0.99),
         "top_max_ms": max(reads),
         "others_p99_alone_ms": _p(alone, 0.99),
+        "others_max_alone_ms": max(alone),
         "others_p99_reads_ms": _p(during, 0.99),
         "others_max_reads_ms": max(during),
         "rankings_kept": kept,
@@ -105,6 +106,35 @@ def big_ranking_figures(scale: float) -> dict[str, Any]:
         tidal_server("full", Path(tmp) / "ranking.db") as srv,
     ):
         return asyncio.run(_figures(srv.port, srv.rss_kib, entities, rounds=5))
+
+
+def ranking_report(r: dict[str, Any] | None) -> list[str]:
+    """BENCHMARKS.md's section on the big ranking (``big_ranking_figures``)."""
+    if r is None:
+        return []
+    return [
+        "",
+        "## A big ranking read under writes",
+        "",
+        f"{r['entities']:,} entities in one community, a writer sending batches of 1,000"
+        " signals to them all along, and `top` read in each of its 11 orders (count and"
+        f" weight in 5 windows, trend), {r['reads']} reads in all, one after the other"
+        " (`bench/big_ranking.py`). The target: others' p99 within 2x of alone, `top`"
+        " within 50 ms at p99.",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| first read of an order, the slowest | {r['first_read_ms_max']:,.0f} ms |",
+        f"| `top` p50 / p99 / max | {r['top_p50_ms']:,.0f} / {r['top_p99_ms']:,.0f}"
+        f" / {r['top_max_ms']:,.0f} ms |",
+        f"| another client's signal p99, writer alone (its max) | {r['others_p99_alone_ms']:.1f}"
+        f" ms ({r['others_max_alone_ms']:,.0f} ms) |",
+        f"| ... while the reads run (its max) | {r['others_p99_reads_ms']:.1f} ms"
+        f" ({r['others_max_reads_ms']:,.0f} ms) |",
+        f"| orders kept | {r['rankings_kept']} |",
+        f"| RSS before the reads, and grown over them | {r['rss_before_mib']:,.0f} MiB,"
+        f" +{r['rss_grown_mib']:,.0f} MiB |",
+    ]
 
 
 if __name__ == "__main__":

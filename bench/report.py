@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.big_ranking import ranking_report
 from bench.cluster import cluster_report
 from bench.feed import feed_report
 from bench.goals import goals, targets
@@ -40,6 +41,7 @@ def report(results: dict[str, Any]) -> str:
             *targets(results),
             *_other_shapes(results),
             *past_report(results.get("past")),
+            *ranking_report(results.get("big_ranking")),
             *feed_report(results.get("feed")),
             *group_report(results.get("groups")),
             *http_report(results.get("http")),

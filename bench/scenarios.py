@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from bench.big_ranking import big_ranking_figures
 from bench.board import board_boot_figures
 from bench.cluster import cluster_figures
 from bench.feed import feed_figures
@@ -60,6 +61,7 @@ def run_all(scale: float, repeats: int) -> dict[str, Any]:
         "board_boot": board_boot_figures(scale),
         "counts": counts_figures(scale),
         "past": past_figures(scale),
+        "big_ranking": big_ranking_figures(scale),
         "feed": feed_figures(scale),
         "groups": group_figures(scale),
         "http": http_figures(scale, repeats),

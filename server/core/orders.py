@@ -151,8 +151,9 @@ def _hand_out(scope: Scope) -> None:
 
 
 def _kept(board: Board, scope: Scope, by: int, which: int, now_ns: int) -> Order:
-    """The order, kept from now on, built from scratch if new or if most of it changed
-    (a build costs a few times less per entity than moving one)."""
+    """The order, kept from now on, built from scratch if new, if its head ran short, or if
+    half the scope changed (a build costs half as much per entity as looking at a change:
+    0.47 µs and 0.94 µs here)."""
     _hand_out(scope)
     kept = scope.orders.get((by, which))
     if kept is None:
@@ -161,7 +162,7 @@ def _kept(board: Board, scope: Scope, by: int, which: int, now_ns: int) -> Order
         kept.building = kept.build(scope)
     assert isinstance(kept, Order)
     if kept.building is None and (
-        len(kept.pending) > max(SLICE, len(scope.tallies) // 4) or kept.short()
+        len(kept.pending) > max(SLICE, len(scope.tallies) // 2) or kept.short()
     ):
         kept.building = kept.build(scope)
     if kept.building is not None and len(scope.tallies) <= SLICE:  # a slice: now
