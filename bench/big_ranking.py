@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.systems import tidal_server
+from tidal.cli.results import percentile
 from tidal.client import Client, Signal
 
 WINDOWS = ("all", "1h", "24h", "7d", "30d")
@@ -27,11 +27,6 @@ COMBOS: list[dict[str, Any]] = [
     {"by": "trend"},
 ]
 PROBES = 2000  # the unrelated client's signals per phase
-
-
-def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _figures(port: int, rss: Any, entities: int, rounds: int) -> dict[str, Any]:
@@ -58,7 +53,7 @@ async def _figures(port: int, rss: Any, entities: int, rounds: int) -> dict[str,
             while len(samples) < PROBES and not stop.is_set():
                 began = time.perf_counter()
                 await p.signal(1 << 40, "other", "view")
-                samples.append((time.perf_counter() - began) * 1e3)
+                samples.append(time.perf_counter() - began)
 
     writing = asyncio.ensure_future(writer())
     alone: list[float] = []
@@ -73,7 +68,7 @@ async def _figures(port: int, rss: Any, entities: int, rounds: int) -> dict[str,
             for combo in COMBOS:
                 began = time.perf_counter()
                 await r.top("community", "big", "view", limit=10, **combo)
-                took = (time.perf_counter() - began) * 1e3
+                took = time.perf_counter() - began
                 reads.append(took)
                 if round_ == 0:
                     firsts.append(took)
@@ -85,14 +80,14 @@ async def _figures(port: int, rss: Any, entities: int, rounds: int) -> dict[str,
     return {
         "entities": entities,
         "reads": len(reads),
-        "first_read_ms_max": max(firsts),
-        "top_p50_ms": statistics.median(reads),
-        "top_p99_ms": _p(reads, 0.99),
-        "top_max_ms": max(reads),
-        "others_p99_alone_ms": _p(alone, 0.99),
-        "others_max_alone_ms": max(alone),
-        "others_p99_reads_ms": _p(during, 0.99),
-        "others_max_reads_ms": max(during),
+        "first_read_ms_max": max(firsts) * 1e3,
+        "top_p50_ms": percentile(sorted(reads), 0.5),
+        "top_p99_ms": percentile(sorted(reads), 0.99),
+        "top_max_ms": max(reads) * 1e3,
+        "others_p99_alone_ms": percentile(sorted(alone), 0.99),
+        "others_max_alone_ms": max(alone) * 1e3,
+        "others_p99_reads_ms": percentile(sorted(during), 0.99),
+        "others_max_reads_ms": max(during) * 1e3,
         "rankings_kept": kept,
         "rss_before_mib": rss_before / 1024,
         "rss_grown_mib": (rss_read - rss_before) / 1024,
