@@ -83,7 +83,7 @@ def state(board: Board) -> dict[tuple[Any, ...], tuple[Any, ...]]:
                     if entry is not None:
                         held.append((tier, b, entry))
             windows = tuple(tally.window(i) for i in range(4))
-            out[entity, slot] = (tally.count, tally.weight, windows, tuple(tally.trend), held)
+            out[entity, slot] = (tally.count, tally.weight, windows, tuple(tally.trends()), held)
     return out
 
 

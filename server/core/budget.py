@@ -27,9 +27,9 @@ from .board import Board, Key
 
 #: resident bytes, as measured (docs/DESIGN.md, "Memory"; tests/test_memory_budget.py
 #: checks them): per aggregate, its tally with its counts, windows and one trend, and
-#: its entry in its scope and its entity's index; per entity, the index's maps
-TALLY_BYTES: Final = 576
-ENTITY_BYTES: Final = 640
+#: its entry in its scope; per entity, its name and its entry in the board's index
+TALLY_BYTES: Final = 480
+ENTITY_BYTES: Final = 128
 
 
 def used(board: Board) -> int:
@@ -102,12 +102,10 @@ def creating(board: Board, reached: Iterable[tuple[str, str, tuple[Key, ...]]]) 
     """How many aggregates, and entities, signals reaching these (entity, kind, keys)
     would add to the board: those it does not hold, each once (``Board.add`` keys them
     so)."""
-    index = board.by_entity
     new: set[tuple[str, str, Key]] = set()
     for entity, kind, keys in reached:
-        held = index.get(entity, {}).get(kind, {})
-        new.update((entity, kind, key) for key in keys if key not in held)
-    return len(new), len({entity for entity, _, _ in new if entity not in index})
+        new.update((entity, kind, key) for key in keys if board.find(entity, kind, key) is None)
+    return len(new), len({entity for entity, _, _ in new if entity not in board.by_entity})
 
 
 def grows(board: Board, creating: set[tuple[str, str, Key]], entity: str, kind: str,
@@ -115,16 +113,17 @@ def grows(board: Board, creating: set[tuple[str, str, Key]], entity: str, kind: 
     """The bytes a signal reaching these aggregates adds to the board, counted once per
     batch (``creating``: what the batch creates so far): on the signal path, a lookup per
     aggregate, and more only for those not held (rare once the board is warm)."""
-    held = board.by_entity.get(entity)
-    mine = None if held is None else held.get(kind)
+    held = entity in board.by_entity
+    scopes = board.keyed.get(kind)
     added = 0
     for key in keys:
-        if mine is not None and key in mine:
+        scope = None if scopes is None else scopes.get(key)
+        if scope is not None and entity in scope.tallies:
             continue
         aggregate = (entity, kind, key)
         if aggregate not in creating:
             creating.add(aggregate)
-            added += TALLY_BYTES if held is not None or added else TALLY_BYTES + ENTITY_BYTES
+            added += TALLY_BYTES if held or added else TALLY_BYTES + ENTITY_BYTES
     return added
 
 

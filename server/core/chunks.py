@@ -30,7 +30,7 @@ from .board import Board, Changed
 from .ledger import Slot
 from .parts import PART_SLACK, Part, part_rows, summed, whole
 from .sums import horizons
-from .tallies import GONE, Tally
+from .tallies import GONE, Tally, siblings
 
 #: records per chunk row (about 2 MB)
 CHUNK: Final = 50_000
@@ -96,9 +96,7 @@ def checkpoint(board: Board, shelf: Shelf, changed: Changed, now_ns: int) -> Wri
 def everything(board: Board, shelf: Shelf, now_ns: int) -> Written:
     """All of the board as new rows, in place of all there were: entity by entity, as boot
     reads them best (``restore.load_chunks``)."""
-    tallies = [
-        t for kinds in board.by_entity.values() for mine in kinds.values() for t in mine.values()
-    ]
+    tallies = [t for first in board.by_entity.values() for t in siblings(first)]
     for tally in tallies:
         if not tally.id:
             tally.id = shelf.next_id
@@ -225,7 +223,7 @@ def _records(tallies: list[Tally], buried: list[int]) -> bytes:
         where.append(i)
         counts.append(tally.count)
         weights.append(tally.weight)
-        trends.extend(tally.trend)
+        trends.extend(tally.trends())
     record = [list(slots), ids, entities, where, counts, weights, trends, buried]
     return bytes(msgpack.packb(record, use_bin_type=True))
 

@@ -62,7 +62,7 @@ class Order:
 
     def key(self, tally: Tally) -> float | None:
         if self.by == TREND:
-            return -tally.trend[self.which]
+            return -tally.trend(self.which)
         count, weight = tally.window(self.which)
         if not count:
             return None

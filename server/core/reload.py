@@ -10,9 +10,9 @@ from typing import Any, Final
 import msgpack
 
 from . import windows
-from .board import Board, Key
+from .board import Board
 from .chunks import CHUNK, Shelf, unpack_records
-from .ledger import COHORT, LEDGER
+from .ledger import COHORT
 from .tallies import Log, Scope, Tally
 from .windows import KEEP
 
@@ -60,20 +60,12 @@ def _rebased(
     return places, len(order), as_is and len(places) == len(bases)
 
 
-def _scopes(
-    board: Board, slots: list[list[Any]], cohort_ids: set[int]
-) -> tuple[list[Scope | None], list[Key], list[str]]:
-    """Each slot of a chunk: its scope (None: a cohort dropped), its key among an
-    entity's tallies, its kind."""
-    scopes: list[Scope | None] = []
-    keys: list[Key] = []
-    kinds_of: list[str] = []
-    for layer, key, kind in slots:
-        kept = layer != COHORT or key in cohort_ids
-        scopes.append(board.scope_for((layer, key, kind)) if kept else None)
-        keys.append(None if layer == LEDGER else key)
-        kinds_of.append(kind)
-    return scopes, keys, kinds_of
+def _scopes(board: Board, slots: list[list[Any]], cohort_ids: set[int]) -> list[Scope | None]:
+    """Each slot of a chunk: its scope (None: a cohort dropped)."""
+    return [
+        board.scope_for((layer, key, kind)) if layer != COHORT or key in cohort_ids else None
+        for layer, key, kind in slots
+    ]
 
 
 def _load_chunk(
@@ -96,10 +88,10 @@ def _load_chunk(
         if table[place] is None:
             table[place] = GONE_TALLY
     spots = by_id.places(ids)
-    scopes, keys, kinds_of = _scopes(board, slots, cohort_ids)
+    scopes = _scopes(board, slots, cohort_ids)
     members: list[Tally] = []
-    last: str | None = None  # records are written entity by entity: its kinds at hand
-    kinds: dict[str, dict[Key, Tally]] = {}
+    last: str | None = None  # records are written entity by entity: its newest at hand
+    first: Tally | None = None
     for j in range(len(ids)):
         place = spots[j]
         if table[place] is not None:
@@ -114,24 +106,23 @@ def _load_chunk(
         if entity == last and last is not None:
             entity = last  # one str per entity, not per tally
         else:
-            kinds = index.setdefault(entity, {})
+            first = index.get(entity)
+            if first is not None:
+                entity = first.entity
             last = entity
-        kind = kinds_of[s]
-        mine = kinds.get(kind)
-        if mine is None:
-            mine = kinds[kind] = {}
-        key = keys[s]
-        if key in mine:  # not written so, but never counted twice
+        if entity in scope.tallies:  # not written so, but never counted twice
             table[place] = GONE_TALLY
             continue
-        if as_is:
-            trend = trends[j * width : (j + 1) * width]
+        tally = scope.tallies[entity] = Tally(entity, scope, half_lives, count, weights[j])
+        if as_is and width:
+            tally.decayed = trends[j * width]
+            if width > 1:
+                tally.more = trends[j * width + 1 : (j + 1) * width]
         else:
-            trend = [0.0] * half_lives
             for i, k, factor in places:
-                trend[i] = trends[j * width + k] * factor
-        tally = Tally(entity, scope, half_lives, count, weights[j], trend)
-        mine[key] = scope.tallies[entity] = tally
+                tally.add_trend(i, trends[j * width + k] * factor)
+        board.chain(tally, first)
+        first = tally
         tally.id = ids[j]
         tally.chunk = chunk
         table[place] = tally

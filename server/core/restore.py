@@ -72,17 +72,7 @@ def refill(board: Board, trends: Iterable[Sequence[Any]]) -> None:
 
 def load(board: Board, slot: Slot, entity: str, count: int, weight: float) -> Tally:
     """A tally as the row tables of before hold it (all-time), before its buckets."""
-    layer, key, kind = slot
-    kinds = board.by_entity.get(entity)
-    if kinds is None:
-        kinds = board.by_entity[entity] = {}
-    mine = kinds.get(kind)
-    if mine is None:
-        mine = kinds[kind] = {}
-    index = None if layer == LEDGER else key
-    tally = mine.get(index)
-    if tally is None:
-        tally = mine[index] = board.new_tally(slot, entity)
+    tally = board.tally_for(slot, entity)
     tally.count += count
     tally.weight += weight
     return tally
@@ -95,7 +85,7 @@ def load_bucket(
     if tier == 2:
         for i, (hl, _) in enumerate(board.decay):
             if hl == bucket:
-                tally.trend[i] += weight
+                tally.add_trend(i, weight)
         return
     current = board.minute if tier == 0 else board.hour
     if bucket <= current - KEEP[tier] or not count:
@@ -156,8 +146,7 @@ def take_off(
 
 def find(board: Board, entity: str, slot: Slot) -> Tally | None:
     layer, key, kind = slot
-    mine = board.by_entity.get(entity, {}).get(kind)
-    return None if mine is None else mine.get(None if layer == LEDGER else key)
+    return board.find(entity, kind, None if layer == LEDGER else key)
 
 
 def shrink(board: Board, tally: Tally, count: int, weight: float) -> None:

@@ -25,7 +25,7 @@ UNMARKED: Final = -2
 
 class Tally:
     """One aggregate: (layer, key, kind) of one entity. Compiled, its numbers are stored
-    unboxed: about 200 bytes, the window totals included.
+    unboxed: 264 bytes, the window totals and the first trend included.
 
     ``count_1h`` ... ``weight_30d`` are its totals in each window (``windows.WINDOWS``):
     flat slots, not a list, so that compiled they stay unboxed. It keeps what it gained in
@@ -35,7 +35,8 @@ class Tally:
     miss each; ``minute_count_written`` and so on are what checkpoints wrote of those.
     ``epoch`` is the board's while it is dirty (``GONE`` once forgotten, ``UNMARKED`` until
     first marked). ``id`` names it on disk (0 until first written) and ``chunk`` is the
-    chunk holding its record (see ``chunks``)."""
+    chunk holding its record (see ``chunks``). ``sibling`` is the next tally of its entity
+    (``Board.by_entity``)."""
 
     __slots__ = (
         "chunk",
@@ -44,6 +45,7 @@ class Tally:
         "count_7d",
         "count_24h",
         "count_30d",
+        "decayed",
         "entity",
         "epoch",
         "hour",
@@ -57,8 +59,9 @@ class Tally:
         "minute_count_written",
         "minute_weight",
         "minute_weight_written",
+        "more",
         "scope",
-        "trend",
+        "sibling",
         "weight",
         "weight_1h",
         "weight_7d",
@@ -76,8 +79,12 @@ class Tally:
         self.weight = weight
         self.count_1h = self.count_24h = self.count_7d = self.count_30d = 0
         self.weight_1h = self.weight_24h = self.weight_7d = self.weight_30d = 0.0
-        # forward-decayed sums, per half-life
-        self.trend = [0.0] * half_lives if trend is None else trend
+        # forward-decayed sums, per half-life: the first unboxed, the others (if any) in a
+        # list, as most servers keep one (a list and its float took 88 bytes a tally)
+        self.decayed = trend[0] if trend else 0.0
+        self.more: list[float] | None = None
+        if half_lives > 1:
+            self.more = trend[1:] if trend else [0.0] * (half_lives - 1)
         self.minute = self.hour = -1  # no newest minute or hour yet
         self.minute_count = self.minute_count_written = 0
         self.hour_count = self.hour_count_written = 0
@@ -85,6 +92,33 @@ class Tally:
         self.hour_weight = self.hour_weight_written = 0.0
         self.epoch = UNMARKED
         self.id = self.chunk = 0
+        self.sibling: Tally | None = None
+
+    def trend(self, i: int) -> float:
+        """The forward-decayed sum of the board's ``i``-th half-life."""
+        if i == 0:
+            return self.decayed
+        assert self.more is not None
+        return self.more[i - 1]
+
+    def trends(self) -> list[float]:
+        return [self.decayed] if self.more is None else [self.decayed, *self.more]
+
+    def add_trends(self, amounts: list[float]) -> None:
+        """``amounts[i]`` added to the ``i``-th half-life's sum."""
+        if amounts:
+            self.decayed += amounts[0]
+            more = self.more
+            if more is not None:
+                for i in range(1, len(amounts)):
+                    more[i - 1] += amounts[i]
+
+    def add_trend(self, i: int, amount: float) -> None:
+        if i == 0:
+            self.decayed += amount
+        else:
+            assert self.more is not None
+            self.more[i - 1] += amount
 
     def window(self, i: int) -> tuple[int, float]:
         """Count and weight in ``windows.WINDOWS[i]`` (-1: all-time)."""
@@ -120,6 +154,15 @@ class Tally:
         else:
             self.count_30d += count
             self.weight_30d += weight
+
+
+def siblings(first: Tally | None) -> list[Tally]:
+    """An entity's tallies, from its newest (``Board.by_entity``) down its chain."""
+    out = []
+    while first is not None:
+        out.append(first)
+        first = first.sibling
+    return out
 
 
 class Scope:
