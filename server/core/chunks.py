@@ -27,10 +27,9 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from .board import Board, Changed
-from .ledger import Slot
 from .parts import PART_SLACK, Part, part_rows, summed, whole
 from .sums import horizons
-from .tallies import GONE, Tally, siblings
+from .tallies import GONE, Scope, Tally, siblings
 
 #: records per chunk row (about 2 MB)
 CHUNK: Final = 50_000
@@ -206,7 +205,9 @@ def _chunks(
 
 
 def _records(tallies: list[Tally], buried: list[int]) -> bytes:
-    slots: dict[Slot, int] = {}
+    """A chunk's records: a list per field, a tally's scope as its place among the chunk's
+    (found by the scope itself: a slot's tuple would be hashed per tally)."""
+    slots: dict[Scope, int] = {}
     ids: list[int] = []
     entities: list[str] = []
     where: list[int] = []
@@ -214,17 +215,20 @@ def _records(tallies: list[Tally], buried: list[int]) -> bytes:
     weights: list[float] = []
     trends: list[float] = []
     for tally in tallies:
-        slot = tally.scope.slot
-        i = slots.get(slot)
+        scope = tally.scope
+        i = slots.get(scope)
         if i is None:
-            i = slots[slot] = len(slots)
+            i = slots[scope] = len(slots)
         ids.append(tally.id)
         entities.append(tally.entity)
         where.append(i)
         counts.append(tally.count)
         weights.append(tally.weight)
-        trends.extend(tally.trends())
-    record = [list(slots), ids, entities, where, counts, weights, trends, buried]
+        trends.append(tally.decayed)
+        if tally.more is not None:
+            trends.extend(tally.more)
+    places = [scope.slot for scope in slots]
+    record = [places, ids, entities, where, counts, weights, trends, buried]
     return bytes(msgpack.packb(record, use_bin_type=True))
 
 

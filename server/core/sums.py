@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from . import windows
 from .ledger import COHORT, COMMUNITY, LEDGER
-from .tallies import Contribution, add
+from .tallies import Contribution
 
 TREND: Final = 2  # the tier of decayed sums: the bucket is the half-life, in s
 
@@ -75,3 +75,14 @@ def bucket_rows(
             for key, count, amount in keys:
                 add(sums, key, count, amount)
     return [(*key, count, weight) for key, (count, weight) in sums.items()]
+
+
+def add(sums: dict[Any, list[Any]], key: Any, count: int, weight: float) -> None:
+    """``count`` and ``weight`` added to ``key``'s [count, weight] in ``sums``: the one
+    accumulation of a withdrawal's rows and a half-life's sums."""
+    entry = sums.get(key)
+    if entry is None:
+        sums[key] = [count, weight]
+    else:
+        entry[0] += count
+        entry[1] += weight

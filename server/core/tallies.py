@@ -205,16 +205,53 @@ class Log:
         self.counts.append(count)
         self.weights.append(weight)
 
-    def sums(self) -> dict[Tally, list[Any]]:
-        """Each live tally's lines summed, as [count, weight]."""
-        out: dict[Tally, list[Any]] = {}
-        tallies, counts, weights = self.tallies, self.counts, self.weights
-        for k in range(len(tallies)):
-            tally = tallies[k]
+    def sums(self, tier: int = -1, b: int = -1) -> tuple[list[Tally], list[int], list[float]]:
+        """Each live tally's lines summed, in the order first seen; with ``tier`` and ``b``
+        (this bucket's), what the tallies it is the newest of hold themselves added; those
+        left with no signal out. A place per tally in three lists, not a map to a pair: a
+        bucket of 800,000 lines took 2.4 s to sum so, here, and held the loop."""
+        at: dict[Tally, int] = {}
+        tallies: list[Tally] = []
+        counts: list[int] = []
+        weights: list[float] = []
+        lines, line_counts, line_weights = self.tallies, self.counts, self.weights
+        for k in range(len(lines)):
+            tally = lines[k]
             if tally.epoch == GONE:
                 continue
-            add(out, tally, counts[k], weights[k])
-        return out
+            i = at.get(tally, -1)
+            if i < 0:
+                at[tally] = len(tallies)
+                tallies.append(tally)
+                counts.append(line_counts[k])
+                weights.append(line_weights[k])
+            else:
+                counts[i] += line_counts[k]
+                weights[i] += line_weights[k]
+        look = bool(at)  # a tally is once among ``newest``: found only if among the lines
+        for tally in self.newest if tier >= 0 else ():
+            if tally.epoch == GONE:
+                continue
+            if tier == 0 and tally.minute == b:
+                count, weight = tally.minute_count, tally.minute_weight
+            elif tier == 1 and tally.hour == b:
+                count, weight = tally.hour_count, tally.hour_weight
+            else:
+                continue
+            i = at.get(tally, -1) if look else -1
+            if i < 0:
+                tallies.append(tally)
+                counts.append(count)
+                weights.append(weight)
+            else:
+                counts[i] += count
+                weights[i] += weight
+        if 0 in counts:
+            keep = [i for i in range(len(counts)) if counts[i]]
+            tallies = [tallies[i] for i in keep]
+            counts = [counts[i] for i in keep]
+            weights = [weights[i] for i in keep]
+        return tallies, counts, weights
 
     def entry(self, tally: Tally, tier: int, b: int) -> tuple[int, float] | None:
         """The tally's lines summed, with what it holds itself while this is its newest."""
@@ -258,14 +295,3 @@ class Log:
             self.weights = [self.weights[k] for k in keep]
         self.newest = [t for t in self.newest if t.scope not in lost]
         self.credit = [c for c in self.credit if c[0].scope not in lost]
-
-
-def add(sums: dict[Any, list[Any]], key: Any, count: int, weight: float) -> None:
-    """``count`` and ``weight`` added to ``key``'s [count, weight] in ``sums``: the one
-    accumulation of a log's lines, a bucket's parts and a withdrawal's rows."""
-    entry = sums.get(key)
-    if entry is None:
-        sums[key] = [count, weight]
-    else:
-        entry[0] += count
-        entry[1] += weight
