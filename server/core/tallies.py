@@ -70,9 +70,8 @@ class Tally:
     )  # fmt: skip
 
     def __init__(
-        self, entity: str, scope: Scope, half_lives: int, count: int = 0, weight: float = 0.0,
-        trend: list[float] | None = None,
-    ) -> None:  # fmt: skip
+        self, entity: str, scope: Scope, half_lives: int, count: int = 0, weight: float = 0.0
+    ) -> None:
         self.entity = entity
         self.scope = scope
         self.count = count
@@ -81,10 +80,8 @@ class Tally:
         self.weight_1h = self.weight_24h = self.weight_7d = self.weight_30d = 0.0
         # forward-decayed sums, per half-life: the first unboxed, the others (if any) in a
         # list, as most servers keep one (a list and its float took 88 bytes a tally)
-        self.decayed = trend[0] if trend else 0.0
-        self.more: list[float] | None = None
-        if half_lives > 1:
-            self.more = trend[1:] if trend else [0.0] * (half_lives - 1)
+        self.decayed = 0.0
+        self.more: list[float] | None = [0.0] * (half_lives - 1) if half_lives > 1 else None
         self.minute = self.hour = -1  # no newest minute or hour yet
         self.minute_count = self.minute_count_written = 0
         self.hour_count = self.hour_count_written = 0
@@ -131,15 +128,6 @@ class Tally:
         if i == 3:
             return self.count_30d, self.weight_30d
         return self.count, self.weight
-
-    def unwritten(self, tier: int) -> tuple[int, int, float]:
-        """Its newest minute's bucket (``tier`` 0) or hour's (1), and what it gained there
-        that no checkpoint has written yet."""
-        if tier == 0:
-            count = self.minute_count - self.minute_count_written
-            return self.minute, count, self.minute_weight - self.minute_weight_written
-        count = self.hour_count - self.hour_count_written
-        return self.hour, count, self.hour_weight - self.hour_weight_written
 
     def shift(self, i: int, count: int, weight: float) -> None:
         if i == 0:
