@@ -44,13 +44,20 @@ def part_rows(
         log = board.buckets[tier].get(b)
         if log is None or b <= old[tier]:
             continue
-        tallies, counts, weights = log.tallies, log.counts, log.weights
+        ids, counts, weights = _lists(lines, tier, b)
+        tallies = log.tallies
         for k in range(log.written, len(tallies)):
             if tallies[k].epoch != GONE:
-                _line(lines, (tier, b), tallies[k].id, counts[k], weights[k])
+                ids.append(tallies[k].id)
+                counts.append(log.counts[k])
+                weights.append(log.weights[k])
         for tally, count, weight in log.credit:
             if tally.epoch != GONE:
-                _line(lines, (tier, b), tally.id, count, weight)
+                ids.append(tally.id)
+                counts.append(count)
+                weights.append(weight)
+        if not ids:  # nothing of it left to write: no part
+            del lines[tier, b]
     parts: list[Part] = []
     merged: list[tuple[int, int]] = []
     for (tier, b), (ids, counts, weights) in lines.items():
@@ -90,25 +97,20 @@ def _newest(
             continue
         if b != last:
             last = b
-            into = lines.get((tier, b))
-            if into is None:
-                into = lines[tier, b] = ([], [], [])
-            ids, counts, weights = into
+            ids, counts, weights = _lists(lines, tier, b)
         ids.append(tally.id)
         counts.append(count)
         weights.append(weight)
 
 
-def _line(
-    lines: dict[tuple[int, int], tuple[list[int], list[int], list[float]]],
-    key: tuple[int, int], tid: int, count: int, weight: float,
-) -> None:  # fmt: skip
-    into = lines.get(key)
+def _lists(
+    lines: dict[tuple[int, int], tuple[list[int], list[int], list[float]]], tier: int, b: int
+) -> tuple[list[int], list[int], list[float]]:
+    """The lists of bucket ``b``'s lines (ids, counts, weights), begun if there are none."""
+    into = lines.get((tier, b))
     if into is None:
-        into = lines[key] = ([], [], [])
-    into[0].append(tid)
-    into[1].append(count)
-    into[2].append(weight)
+        into = lines[tier, b] = ([], [], [])
+    return into
 
 
 def whole(tier: int, b: int, log: Log) -> Part:
