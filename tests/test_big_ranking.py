@@ -58,6 +58,27 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
     assert orders.prepare(board, slot, orders.WEIGHT, -1, now) is None
     assert read(now)[0] == "e5" and read(now) == expected()
 
+    # commits taken in as they come (``follow``): a read between them finds nothing left
+    # to do; one after more changes than half the scope builds the order again instead
+    for i in range(20):
+        board.add([(f"e{j}", "view", 1, 3.0, now, (), ("big",), True) for j in range(i, 9999, 50)])
+        orders.follow(board)
+        scope = board.scope(slot)
+        assert scope is not None and not scope.dirty
+        assert orders.prepare(board, slot, orders.WEIGHT, -1, now) is None, i
+        assert read(now) == expected()
+    for i in range(orders.BEHIND * 10_000 // 200 + 1):  # past BEHIND times the scope
+        board.add(
+            [(f"e{j}", "view", 1, 2.0, now, (), ("big",), True) for j in range(i % 50, 10_000, 50)]
+        )
+        orders.follow(board)
+    assert scope is not None
+    by_weight = scope.orders[(orders.WEIGHT, -1)]
+    assert by_weight.behind and not by_weight.pending, "an order followed past a build's cost"
+    steps = orders.prepare(board, slot, orders.WEIGHT, -1, now)
+    assert steps is not None and sum(1 for _ in steps) >= 10_000 // orders.SLICE - 1
+    assert read(now) == expected()
+
     later = now + orders.ORDER_IDLE_NS + 1
     orders.evict(board, later)
     assert orders.kept_orders(board) == (0, 0)
@@ -137,8 +158,10 @@ def test_every_page_is_exact_past_the_head_as_entities_rise_fall_and_age(
 ) -> None:
     """Sans-I/O, against a sort of every tally: 3 times ``HEAD`` entities, read a page of
     1,000 at a time to the end by each score, between random changes: entities that rise
-    above the floor, members withdrawn below it (count -1), and an hour passing (the
-    1h window empties, its members fall out of the head at once)."""
+    above the floor, members withdrawn below it (count -1), every entity changed at once,
+    and an hour passing (the 1h window empties, its members fall out of the head at
+    once); taken into the orders as a commit is (``follow``: at once, or past ``FOLLOW``
+    changes, in part), or not until the read."""
     now = 1_000 * HOUR_NS
     board = Board([(21600, now)], now)
     slot = (COMMUNITY, "big", "view")
@@ -173,9 +196,11 @@ def test_every_page_is_exact_past_the_head_as_entities_rise_fall_and_age(
 
     at = now
     for _ in range(data.draw(st.integers(1, 4), label="rounds")):
-        change = data.draw(st.sampled_from(["rise", "withdraw", "hour"]), label="change")
+        change = data.draw(st.sampled_from(["rise", "withdraw", "hour", "all"]), label="change")
         picked = [f"e{rng.randrange(n)}" for _ in range(rng.randrange(1, 400))]
-        if change == "rise":
+        if change == "all":  # more than ``FOLLOW`` changed at once
+            board.add([signal(f"e{i}", 1, float(rng.randrange(1, 90)), at) for i in range(n)])
+        elif change == "rise":
             board.add([signal(e, 1, float(rng.randrange(50, 500)), at) for e in picked])
         elif change == "withdraw":  # a purge takes off what each signal added
             for e in set(picked):
@@ -187,6 +212,8 @@ def test_every_page_is_exact_past_the_head_as_entities_rise_fall_and_age(
         else:
             at += HOUR_NS
             board.advance(at)
+        if data.draw(st.booleans(), label="followed"):  # as a commit is taken in
+            orders.follow(board)
         for by, which in ((orders.WEIGHT, -1), (orders.COUNT, 0), (orders.COUNT, -1)):
             assert pages(by, which, at) == expected(by, which), (change, by, which)
     kept, ranked = orders.kept_orders(board)

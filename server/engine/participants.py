@@ -150,6 +150,7 @@ class Checkpoint(Participant):
             budget.freed(held - budget.used())
         else:
             budget.freed(0)
+        orders.follow(board)  # the rankings read take the batch in now, not at their read
         settled(budget, self._aggregates, batch)
 
     def failed(self, batch: Batch, later: Batch, unknown: bool) -> None:

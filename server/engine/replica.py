@@ -18,6 +18,7 @@ from tidal.protocol import ErrorCode
 from tidal.protocol.methods import TABLE
 from tidal.protocol.refusals import ServerError
 from tidal.server.core import log as commit_log
+from tidal.server.core import orders
 from tidal.server.core.batch import Batch, Entry
 from tidal.server.core.feed import Change
 from tidal.server.core.rematch import rematch
@@ -160,10 +161,13 @@ class Replica:
             # version it carries, and the writer matches it again: ``Engine.rematch``)
             rematch(engine.committer.open, engine.cohorts, engine.board, engine.budget)
         board = engine.board
-        board.advance(self._clock())
+        now = self._clock()
+        board.advance(now)
         board.add(contributions)
         if changes:  # dropped or redefined: applied from the log, so committed, all of them
             board.keep_cohorts(set(engine.cohorts.names()))
+        orders.evict(board, now)  # orders nobody reads stop costing each record
+        orders.follow(board)  # those read take the record in now, not at their read
         self.applied = log_id
         if log_id >= self.checkpoint_at:
             self.due.set()
