@@ -30,14 +30,14 @@ BY: Final = ("count", "weight", "trend")
 COUNT, WEIGHT, TREND = 0, 1, 2
 
 #: entities whose keys are computed and sorted per turn of the event loop when an order
-#: is built (about 1 ms of work here); a quarter as many moved into a built order
-SLICE: Final = 1024
+#: is built (about 2 ms of work here); a quarter as many moved into a built order
+SLICE: Final = 4096
 #: pairs an order keeps at the head of its ranking, the rest left below its floor; twice
 #: ``ranking.TOP_LIMIT``, so that a page of the most answers from it
 HEAD: Final = 2048
 #: changed entities an order takes in as a commit is taken in (``follow``); more wait
 #: for the next commit or read
-FOLLOW: Final = 4 * SLICE
+FOLLOW: Final = SLICE
 #: an order that took in this many times its scope's entities in changes since it was
 #: last read is built again at its next read, and takes nothing in until then: a reader
 #: that comes back every few seconds to an order written as fast as the server can

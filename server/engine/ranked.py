@@ -26,6 +26,10 @@ from .shape import EngineState
 
 #: seconds a read's preparation leaves half the event loop to everyone else
 PACED: Final = 1.0
+#: seconds of a read's preparation per turn of the event loop: under load a turn also
+#: carries others' requests and a commit (10-20 ms), so a build of 200,000 entities
+#: (about 100 ms of work) in steps of one turn each took a second
+TURN: Final = 0.008
 
 
 class Ranked:
@@ -76,15 +80,17 @@ class Ranked:
         waiting.append(go_on)
 
     async def _prepare(self, which: tuple[Slot, int, int], steps: Iterator[None]) -> None:
-        """Runs ``steps``, each followed by as long again for everyone else: for its first
-        ``PACED`` seconds a read takes at most half of the event loop (and of the GIL the
-        writer's thread needs). After that, it takes turns with everyone else's work
-        without pausing, so that it ends even while writers change its order as fast as
-        half the loop can move their changes in."""
+        """Runs ``steps``, ``TURN`` seconds of them at a time, each run followed by as long
+        again for everyone else: for its first ``PACED`` seconds a read takes at most half
+        of the event loop (and of the GIL the writer's thread needs). After that, it takes
+        turns with everyone else's work without pausing, so that it ends even while writers
+        change its order as fast as half the loop can move their changes in."""
         try:
             first = began = time.monotonic()
             for _ in steps:
                 now = time.monotonic()
+                if now - began < TURN:
+                    continue  # a step is about 2 ms: a turn of the loop takes a few
                 await asyncio.sleep(now - began if now - first < PACED else 0)
                 began = time.monotonic()
         finally:
