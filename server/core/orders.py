@@ -2,16 +2,16 @@
 the ranking, its ``HEAD`` best ``(-score, entity)`` pairs sorted, built when first read
 and kept while it is read. Every entity left out of the head ranks below its ``floor``;
 so a changed entity is compared with the floor, and only one that ranks above it is
-moved into the sorted list. Each read first looks at the entities changed since the last
-(``Scope.dirty``, handed to each order as its ``pending``), so its cost follows what
-changed, not how many entities there are, and what an order holds is bounded whatever
-the scope's size. A page past the head reads the whole scope (``Order.below``).
+moved into the sorted list. The entities each commit changes (``Scope.dirty``) are
+taken into the orders kept as the board takes the commit in (``follow``), so a read
+finds little left to do, and what an order holds is bounded whatever the scope's size.
+A page past the head reads the whole scope (``Order.below``).
 
 What a read costs is its own: building an order of a big scope, or looking at many
-changed entities, is done ``SLICE`` entities at a time (``prepare``), between which the
-server serves everyone else; the read answers once the rest is small. An order not read
-for ``ORDER_IDLE_NS`` is dropped (``evict``), and with it the tracking of its scope's
-changes (docs/DESIGN.md, "Rankings and windows").
+changed entities (``pending``), is done ``SLICE`` entities at a time (``prepare``),
+between which the server serves everyone else; the read answers once the rest is small.
+An order not read for ``ORDER_IDLE_NS`` is dropped (``evict``), and with it the tracking
+of its scope's changes (docs/DESIGN.md, "Rankings and windows").
 """
 
 from __future__ import annotations

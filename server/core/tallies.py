@@ -155,7 +155,8 @@ def siblings(first: Tally | None) -> list[Tally]:
 
 class Scope:
     """What one ranking reads: the tallies of one (layer, key, kind), and the orders kept
-    of them (``orders.Order``), brought up to date with ``dirty`` when read."""
+    of them (``orders.Order``), brought up to date with ``dirty`` as each commit is taken
+    in (``orders.follow``)."""
 
     __slots__ = ("dirty", "orders", "slot", "tallies")
 
