@@ -114,7 +114,7 @@ async def _figures(port: int, rss: Any, entities: int) -> dict[str, Any]:
         "others_p99_alone_ms": percentile(sorted(alone), 0.99),
         "others_max_alone_ms": max(alone) * 1e3,
         "others_p99_building_ms": percentile(sorted(building), 0.99),
-        "others_max_building_ms": max(building) * 1e3,
+        "others_max_building_ms": max(building, default=0.0) * 1e3,
         "others_p99_reads_ms": percentile(sorted(reading), 0.99),
         "others_max_reads_ms": max(reading) * 1e3,
         "rankings_kept": rankings_kept,
