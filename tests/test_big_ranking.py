@@ -59,7 +59,7 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
     assert read(now)[0] == "e5" and read(now) == expected()
 
     # commits taken in as they come (``follow``): a read between them finds nothing left
-    # to do; one after more changes than half the scope builds the order again instead
+    # to do; one after more than BEHIND times the scope in changes builds the order again
     for i in range(20):
         board.add([(f"e{j}", "view", 1, 3.0, now, (), ("big",), True) for j in range(i, 9999, 50)])
         orders.follow(board)
