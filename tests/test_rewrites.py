@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from tidal.client import Client, Signal, Tally
 from tidal.server.core import userrows
-from tidal.server.core.rewrites import CHUNK, NO_RULE, Rewrites, Rule, reach
+from tidal.server.core.batch import Batch
+from tidal.server.core.rewrites import CHUNK, NO_RULE, SAVED, Pace, Rewrites, Rule, reach
+from tidal.server.engine.linger import Linger
 
 from .conftest import Database, ServerProcess
 from .test_past import GOLD, as_dict, recompute
@@ -286,6 +288,43 @@ def test_a_rule_goes_with_the_last_chunk_of_its_user_and_not_before() -> None:
     assert clearing is not None and (clearing.user, clearing.seqs, clearing.last) == (7, [], True)
     rewrites.committed(clearing)
     assert rewrites.rules == {} and not rewrites.busy() and CHUNK > 1
+
+
+def test_chunks_take_their_share_of_the_writer_s_time_and_save_up_little() -> None:
+    """Sans I/O: a chunk riding a commit that requests wait on draws its time from a budget
+    that grows at ``share`` of the time passing, and an idle spell saves up ``SAVED`` at
+    most: after an hour unasked, two chunks of 10 ms do not both go at once."""
+    pace = Pace(share=0.1)
+    assert pace.due(100.0)
+    pace.spent(0.010)  # a 10 ms commit: 5 ms saved, 10 spent
+    assert not pace.due(100.04)  # 5 ms owed take 50 ms, at a tenth
+    assert pace.due(100.06)
+    assert pace.due(3700.0)  # an hour later: SAVED, no more
+    pace.spent(0.010)
+    assert not pace.due(3700.0 + (0.010 - SAVED) / 0.1 - 0.01)
+    assert pace.due(3700.0 + (0.010 - SAVED) / 0.1 + 0.01)
+
+
+async def test_a_commit_of_rewrites_alone_waits_for_a_write_unless_the_writer_is_idle() -> None:
+    """A batch with nothing in it but the rewrites waits ``seconds`` for company; once one
+    waited and nobody came, the writer is idle and the next go at once, until a write
+    comes (under load, a commit of rewrites alone slipped in between every two)."""
+    linger = Linger(seconds=0.001)
+    empty = Batch(1)
+    assert linger.wanted(empty)
+    await linger.wait(empty)  # nobody came: the timer ends it
+    assert not linger.wanted(empty) and not linger.wanted(Batch(1))
+    joined = Batch(1)
+    joined.writes = 1
+    linger.joined(joined)  # a write came: the writer has company again
+    company = Batch(2)
+    assert linger.wanted(company)
+    waiting = asyncio.ensure_future(linger.wait(company))
+    await asyncio.sleep(0)  # it waits now
+    company.writes = 1
+    linger.joined(company)
+    await waiting  # ended by the write, not the timer
+    assert linger.wanted(Batch(3)) and not linger.wanted(joined)
 
 
 def test_the_rule_a_row_is_read_through() -> None:

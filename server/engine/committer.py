@@ -76,7 +76,7 @@ class Committer:
         #: what it knows of the storage's failures, as writes, health and metrics see them
         self.outage = Outage(storage)
         self._idle: asyncio.Future[None] | None = None  # set while the writer waits for work
-        self.linger = Linger()  # a batch of the groups' writes alone waits for company
+        self.linger = Linger()  # the groups' writes, or rewrites, alone wait for company
         self._closing = False
         self._rewrite_until = 0.0
         self._last_tried = False

@@ -9,12 +9,13 @@ this is what happens from its commit on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from tidal.server.core.batch import Batch
 from tidal.server.core.keys import Keys
 from tidal.server.core.owners import Owners
-from tidal.server.core.rewrites import Rewrite, Rewritten, Rule
+from tidal.server.core.rewrites import Pace, Rewrite, Rewritten, Rule
 from tidal.server.core.userrows import UserRows
 from tidal.server.logs import Throttle
 
@@ -37,6 +38,7 @@ class Past:
         self._keys = keys
         self._user_rows = user_rows
         self._owners = owners
+        self._pace = Pace()
         self._loaded(self.rewrites.rules)
 
     def start(self) -> None:
@@ -66,10 +68,15 @@ class Past:
         """The next chunk of rows to rewrite, with ``batch``. Cluster mode: of a user this
         node still serves, fenced with the batch; a user another node serves now is left
         to that one, which loaded the rule as it took the partition."""
+        waited_on = bool(batch.replies or batch.writes)
+        if not self.rewrites.busy() or (waited_on and not self._pace.due(time.monotonic())):
+            return None
         withdrawing = {w.user_id for w in batch.past}
-        if self._owners is None:
-            return self.rewrites.chunk(withdrawing)
         while (chunk := self.rewrites.chunk(withdrawing)) is not None:
+            chunk.paced = waited_on
+            chunk.began = time.monotonic()
+            if self._owners is None:
+                return chunk
             part = self._owners.part(chunk.user)
             epoch = self._owners.owned.get(part)
             if epoch is not None:
@@ -94,6 +101,8 @@ class Past:
                 self._keys.erased(w.user_id, w.before_seq)
         rewrite = batch.rewrite
         if rewrite is not None and rewritten is not None:
+            if rewrite.paced:  # the whole commit: the rows' pages cost most as it syncs
+                self._pace.spent(time.monotonic() - rewrite.began)
             self._keys.forget(rewritten.keys)
             if rewrite.erase:
                 self._user_rows.deleted(rewrite.seqs)  # the blocks blanked in its commit
