@@ -154,7 +154,8 @@ def past_report(past: dict[str, Any] | None) -> list[str]:
         f"Ten purges, then ten erasures, of users with {past['user_rows']:,} rows each in a"
         f" {past['ledger_rows']:,}-row ledger, one after another, under a 16x16 signal load"
         " (`bench/past.py`). The writer's time is what tidal logs for each: in the commit where"
-        " it takes effect, then on each chunk of its rows rewritten in the commits after.",
+        " it takes effect, then on each chunk of its rows rewritten in the commits after."
+        + (f" {past['note']}" if past.get("note") else ""),
         "",
         "| | writer ms as it takes effect (median, max) | reply ms (median) | rows rewritten:"
         " commits (median), longest chunk ms |",
