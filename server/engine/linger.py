@@ -9,10 +9,11 @@ for a write to join, the acks ride in its commit (PostgreSQL's ``commit_delay``,
 one kind of write). An ack's reply still waits for its commit: it only comes later, by
 ``SECONDS`` at most, and only when nothing else is written meanwhile.
 
-So does a commit of nothing but a chunk of rows to rewrite (``core.rewrites``): made as
-soon as the writer found the open batch empty, it took the writer from the requests
-arriving a moment later, and under a 16x16 load such commits came between every two,
-halving throughput. Waiting, the chunk rides the next write's commit, as its pace allows.
+So does a commit of nothing but a chunk of rows to rewrite (``core.rewrites``). Made as
+soon as the writer found the open batch empty, it held the writer while requests arrived
+a moment later, and it escaped the chunks' pace: under a 16x16 load, paced chunks
+rewrote 100,000 of 200,000 rows during the load without this wait, 57,000 with it.
+Waiting, the chunk rides the next write's commit, if its pace allows.
 """
 
 from __future__ import annotations
