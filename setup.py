@@ -33,8 +33,9 @@ COMPILED = {
     "server/net": ["connection", "flow", "outgoing"],
     "server/core": [
         "aggregates", "asks", "batch", "board", "budget", "chunks", "cohorts", "counts", "keys",
-        "ledger", "matching", "members", "orders", "owners", "params", "parts", "past", "ranking",
-        "reload", "replies", "restore", "signals", "sliding", "sums", "tallies", "windows",
+        "ledger", "matching", "members", "order", "orders", "owners", "params", "parts", "past",
+        "ranking", "reload", "replies", "restore", "signals", "sliding", "sums", "tallies",
+        "windows",
     ],
     "server/engine": [
         "changes", "committer", "cycle", "delivery", "engine", "health", "outage",

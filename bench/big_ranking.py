@@ -5,9 +5,10 @@ all along, and an unrelated client sending one signal at a time. Its latency is 
 in three phases of the reader's: none (the writer alone); the first read of ``top`` in
 each of the community's 11 orders (count and weight in 5 windows, trend), each building
 its order; then the orders kept, read round after round until the unrelated client has
-as many samples again. Reported: the first reads, the kept reads' p50/p99/max, the
-unrelated client's p99 in each phase, and the server's RSS before the reads and after
-them."""
+as many samples again; then pages of 1,000 by count read to the end, again and again,
+as long. Reported: the first reads, the kept reads' p50/p99/max, the deep pages'
+p50/p99, the unrelated client's p99 in each phase, and the server's RSS before the
+reads and after them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ COMBOS: list[dict[str, Any]] = [
     {"by": "trend"},
 ]
 PROBES = 2000  # the unrelated client's signals per phase
+DEEP_PAGES = 20  # pages past the first of 1,000, at least (and at most ..._MOST timed)
+DEEP_PAGES_MOST = 10_000
 
 
 class _Enough:
@@ -100,6 +103,17 @@ async def _figures(port: int, rss: Any, entities: int) -> dict[str, Any]:
             reading = samples[mark:]
             rss_read = rss()
             rankings_kept = (await r.stats())["rankings_kept"]
+            deep: list[float] = []  # pages past the head, 1,000 at a time, to the end
+            mark = len(samples)
+            sampled = asyncio.ensure_future(probed(mark + PROBES))
+            after = None
+            while not sampled.done() or len(deep) < DEEP_PAGES:
+                began = time.perf_counter()
+                page = await r.top("community", "big", "view", limit=1000, after=after)
+                if after is not None and len(deep) < DEEP_PAGES_MOST:
+                    deep.append(time.perf_counter() - began)
+                after = page.next
+            paging = samples[mark:]
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -118,6 +132,11 @@ async def _figures(port: int, rss: Any, entities: int) -> dict[str, Any]:
         "others_p99_reads_ms": percentile(sorted(reading), 0.99),
         "others_max_reads_ms": max(reading) * 1e3,
         "rankings_kept": rankings_kept,
+        "deep_pages": len(deep),
+        "deep_page_p50_ms": percentile(sorted(deep), 0.5),
+        "deep_page_p99_ms": percentile(sorted(deep), 0.99),
+        "others_p99_deep_ms": percentile(sorted(paging), 0.99),
+        "others_max_deep_ms": max(paging) * 1e3,
         "rss_before_mib": rss_before / 1024,
         "rss_grown_mib": (rss_read - rss_before) / 1024,
     }
@@ -167,6 +186,17 @@ def ranking_report(r: dict[str, Any] | None) -> list[str]:
         *building,
         f"| ... while kept orders are read (its max) | {r['others_p99_reads_ms']:.1f} ms"
         f" ({r['others_max_reads_ms']:,.0f} ms) |",
+        *(
+            [
+                f"| a page of 1,000 past the first, paging to the end ({r['deep_pages']:,}"
+                f" pages): p50 / p99 | {r['deep_page_p50_ms']:,.1f} /"
+                f" {r['deep_page_p99_ms']:,.1f} ms |",
+                f"| ... another client's signal p99 meanwhile (its max) |"
+                f" {r['others_p99_deep_ms']:.1f} ms ({r['others_max_deep_ms']:,.0f} ms) |",
+            ]
+            if "deep_pages" in r
+            else []
+        ),
         f"| orders kept | {r['rankings_kept']} |",
         f"| RSS before the reads, and grown over them | {r['rss_before_mib']:,.0f} MiB,"
         f" +{r['rss_grown_mib']:,.0f} MiB |",

@@ -176,7 +176,10 @@ def _ranking_targets(v: _Verdicts, big: dict[str, Any] | None) -> None:
         f" reads; a first read, which builds the order, {big['first_read_ms_max']:,.0f} ms",
     )
     alone = big["others_p99_alone_ms"]
-    for phase, key in (("kept orders are read", "reads"), ("orders are built", "building")):
+    phases = [("kept orders are read", "reads"), ("orders are built", "building")]
+    if "others_p99_deep_ms" in big:
+        phases.append(("pages past the head are read", "deep"))
+    for phase, key in phases:
         during = big[f"others_p99_{key}_ms"]
         v.target(
             f"others' p99 while {phase} within 2x of alone ({n} entities)",

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidal.client import Signal
-from tidal.server.core import orders, ranking
+from tidal.server.core import order, orders, ranking
 from tidal.server.core.board import Board
 from tidal.server.core.ledger import COMMUNITY
 from tidal.server.core.tallies import Contribution
@@ -37,10 +37,10 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
         return [entity for _, entity in pairs[:50]]
 
     def read(at: int) -> list[str]:
-        page = ranking.top(board, slot, orders.WEIGHT, -1, 50, None, at)
+        page = ranking.top(board, slot, order.WEIGHT, -1, 50, None, at)
         return [e["entity"] for e in page["entities"]]
 
-    steps = orders.prepare(board, slot, orders.WEIGHT, -1, now)
+    steps = orders.prepare(board, slot, order.WEIGHT, -1, None, 50, now)
     assert steps is not None, "a 10,000-entity order was built in one go"
     slices = 0
     for _ in steps:
@@ -49,13 +49,13 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
         board.add(
             [(f"e{slices * 977 % 10_000}", "view", 1, 500.0 + slices, now, (), ("big",), True)]
         )
-    assert slices >= 10_000 // orders.SLICE - 1, slices
+    assert slices >= 10_000 // order.SLICE - 1, slices
     assert read(now) == expected()
     kept, ranked = orders.kept_orders(board)  # the head, and those written above its floor
-    assert kept == 1 and orders.HEAD <= ranked <= orders.HEAD + slices, ranked
+    assert kept == 1 and order.HEAD <= ranked <= order.HEAD + slices, ranked
 
     board.add([("e5", "view", 1, 10_000.0, now, (), ("big",), True)])  # small: no slices
-    assert orders.prepare(board, slot, orders.WEIGHT, -1, now) is None
+    assert orders.prepare(board, slot, order.WEIGHT, -1, None, 50, now) is None
     assert read(now)[0] == "e5" and read(now) == expected()
 
     # commits taken in as they come (``follow``): a read between them finds nothing left
@@ -65,7 +65,7 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
         orders.follow(board)
         scope = board.scope(slot)
         assert scope is not None and not scope.dirty
-        assert orders.prepare(board, slot, orders.WEIGHT, -1, now) is None, i
+        assert orders.prepare(board, slot, order.WEIGHT, -1, None, 50, now) is None, i
         assert read(now) == expected()
     for i in range(orders.BEHIND * 10_000 // 200 + 1):  # past BEHIND times the scope
         board.add(
@@ -73,10 +73,10 @@ def test_an_order_is_built_in_slices_kept_while_read_and_dropped_when_not() -> N
         )
         orders.follow(board)
     assert scope is not None
-    by_weight = scope.orders[(orders.WEIGHT, -1)]
+    by_weight = scope.orders[(order.WEIGHT, -1, orders.TOP)]
     assert by_weight.behind and not by_weight.pending, "an order followed past a build's cost"
-    steps = orders.prepare(board, slot, orders.WEIGHT, -1, now)
-    assert steps is not None and sum(1 for _ in steps) >= 10_000 // orders.SLICE - 1
+    steps = orders.prepare(board, slot, order.WEIGHT, -1, None, 50, now)
+    assert steps is not None and sum(1 for _ in steps) >= 10_000 // order.SLICE - 1
     assert read(now) == expected()
 
     later = now + orders.ORDER_IDLE_NS + 1
@@ -146,7 +146,7 @@ async def test_reading_a_big_ranking_costs_its_reader_not_everyone(database: Dat
         )
         assert stats["rankings_kept"] == 11, stats
         # the heads only: not the 200,000 entities each (550 MB for the 11)
-        assert stats["rankings_entities"] <= 11 * 2 * orders.HEAD, stats
+        assert stats["rankings_entities"] <= 11 * 2 * order.HEAD, stats
     finally:
         assert await process.stop() == 0
 
@@ -165,7 +165,7 @@ def test_every_page_is_exact_past_the_head_as_entities_rise_fall_and_age(
     now = 1_000 * HOUR_NS
     board = Board([(21600, now)], now)
     slot = (COMMUNITY, "big", "view")
-    n = 3 * orders.HEAD
+    n = 3 * order.HEAD
     rng = random.Random(data.draw(st.integers(0, 2**32), label="seed"))
 
     def signal(entity: str, sign: int, weight: float, at: int) -> Contribution:
@@ -181,7 +181,7 @@ def test_every_page_is_exact_past_the_head_as_entities_rise_fall_and_age(
         for tally in scope.tallies.values():
             count, weight = tally.window(which)
             if count:
-                pairs.append((-(count if by == orders.COUNT else weight), tally.entity))
+                pairs.append((-(count if by == order.COUNT else weight), tally.entity))
         return [entity for _, entity in sorted(pairs)]
 
     def pages(by: int, which: int, at: int) -> list[str]:
@@ -214,7 +214,52 @@ def test_every_page_is_exact_past_the_head_as_entities_rise_fall_and_age(
             board.advance(at)
         if data.draw(st.booleans(), label="followed"):  # as a commit is taken in
             orders.follow(board)
-        for by, which in ((orders.WEIGHT, -1), (orders.COUNT, 0), (orders.COUNT, -1)):
+        for by, which in ((order.WEIGHT, -1), (order.COUNT, 0), (order.COUNT, -1)):
             assert pages(by, which, at) == expected(by, which), (change, by, which)
+    kept, ranked = orders.kept_orders(board)  # a head each, and a deep segment if it pages
+    assert 3 <= kept <= 6 and ranked <= 3 * 2 * (order.HEAD + order.SEGMENT), (kept, ranked)
+
+
+def test_deep_pages_come_from_a_segment_built_in_slices_never_from_a_scan() -> None:
+    """Sans-I/O, as the server reads them (``prepare``, then the page): paging to the end
+    of 20,000 entities, 1,000 a page, with changes taken in between the pages. A page past
+    the head is read from the deep segment (it ``serves`` the page, so nothing scans the
+    scope on the loop); a segment is built in slices, once for every few pages;
+    two orders are kept, each bounded; every page is exact: the 1,000 best past the
+    cursor as the scope then stands."""
+    now = 1_000 * HOUR_NS
+    board = Board([(21600, now)], now)
+    slot = (COMMUNITY, "big", "view")
+    n, limit = 20_000, 1000
+    rng = random.Random(5)
+    board.add([(f"e{i}", "view", 1, float(rng.randrange(1, 10**6)), now, (), ("big",), True)
+               for i in range(n)])  # fmt: skip
+    scope = board.scope(slot)
+    assert scope is not None
+    after = None
+    builds = pages = 0
+    while True:
+        steps = orders.prepare(board, slot, order.WEIGHT, -1, after, limit, now)
+        if steps is not None:
+            builds += 1
+            assert sum(1 for _ in steps) <= n // order.SLICE + 2
+        serving = orders.order(board, scope, order.WEIGHT, -1, after, limit, now)
+        assert serving.serves(after, limit), (pages, after, serving.ceiling, serving.floor)
+        page = ranking.top(board, slot, order.WEIGHT, -1, limit, after, now)
+        pages += 1
+        pairs = sorted((-t.window(-1)[1], t.entity) for t in scope.tallies.values())
+        past = [p for p in pairs if after is None or p > after]
+        assert [e["entity"] for e in page["entities"]] == [e for _, e in past[:limit]], pages
+        if page["next"] is None:
+            break
+        after = ranking.read_cursor(page["next"], order.WEIGHT, -1)
+        # changes between pages, taken in as a commit is: entities rise, some of them
+        # into the pages read, some into the segment
+        picked = [f"e{rng.randrange(n)}" for _ in range(50)]
+        board.add([(e, "view", 1, float(rng.randrange(1, 10**4)), now, (), ("big",), True)
+                   for e in picked])  # fmt: skip
+        orders.follow(board)
+    assert n // limit - 3 <= pages <= n // limit + 3, pages
+    assert builds <= pages // 4 + 2, (builds, pages)
     kept, ranked = orders.kept_orders(board)
-    assert kept == 3 and ranked <= 3 * 2 * orders.HEAD
+    assert kept == 2 and ranked <= 2 * (order.HEAD + order.SEGMENT), (kept, ranked)

@@ -1,40 +1,29 @@
-"""The orders ``top`` reads: per scope, per score, per window or half-life, the head of
-the ranking, its ``HEAD`` best ``(-score, entity)`` pairs sorted, built when first read
-and kept while it is read. Every entity left out of the head ranks below its ``floor``;
-so a changed entity is compared with the floor, and only one that ranks above it is
-moved into the sorted list. The entities each commit changes (``Scope.dirty``) are
-taken into the orders kept as the board takes the commit in (``follow``), so a read
-finds little left to do, and what an order holds is bounded whatever the scope's size.
-A page past the head reads the whole scope (``Order.below``).
+"""The orders ``top`` reads, kept per scope, per score, per window or half-life
+(``order.Order``): the head of each ranking, its ``HEAD`` best ``(-score, entity)``
+pairs, built when first read and kept while it is read, and for pages past the head
+a segment of ``SEGMENT`` pairs past a page's cursor, built when a page first needs it.
+The entities each commit changes (``Scope.dirty``) are taken into the orders kept as
+the board takes the commit in (``follow``), so a read finds little left to do, and what
+an order holds is bounded whatever the scope's size.
 
-What a read costs is its own: building an order of a big scope, or looking at many
-changed entities (``pending``), is done ``SLICE`` entities at a time (``prepare``),
-between which the server serves everyone else; the read answers once the rest is small.
-An order not read for ``ORDER_IDLE_NS`` is dropped (``evict``), and with it the tracking
-of its scope's changes (docs/DESIGN.md, "Rankings and windows").
+What a read costs is its own: building an order of a big scope (a head, or a segment
+deeper down), or looking at many changed entities (``pending``), is done ``SLICE``
+entities at a time (``prepare``), between which the server serves everyone else; the
+read answers once the rest is small. An order not read for ``ORDER_IDLE_NS`` is dropped
+(``evict``), and with it the tracking of its scope's changes (docs/DESIGN.md, "Rankings
+and windows").
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from typing import Final
 
-from sortedcontainers import SortedList
-
 from .board import Board
 from .ledger import Slot
-from .tallies import Scope, Tally
+from .order import SLICE, Order, Pair
+from .tallies import Scope
 
-BY: Final = ("count", "weight", "trend")
-COUNT, WEIGHT, TREND = 0, 1, 2
-
-#: entities whose keys are computed and sorted per turn of the event loop when an order
-#: is built (about 2 ms of work here); a quarter as many moved into a built order
-SLICE: Final = 4096
-#: pairs an order keeps at the head of its ranking, the rest left below its floor; twice
-#: ``ranking.TOP_LIMIT``, so that a page of the most answers from it
-HEAD: Final = 2048
 #: changed entities an order takes in as a commit is taken in (``follow``); more wait
 #: for the next commit or read
 FOLLOW: Final = SLICE
@@ -48,125 +37,8 @@ BEHIND: Final = 4
 ORDER_IDLE_NS: Final = 60 * 10**9
 #: how often kept orders are looked at for dropping
 EVICT_EVERY_NS: Final = 5 * 10**9
-
-
-class Order:
-    """The head of a scope's ranking: its ``HEAD`` best pairs (-score, entity) with
-    signals in the window, sorted. Every entity left out ranks below ``floor``, the worst
-    pair taken in when it was built (None: none was left out). ``pending``: entities whose
-    key may have changed since they were looked at. ``building``: the steps that fill it
-    from scratch, until they are done. ``followed``: changes taken in since it was last
-    read; ``behind``: so many that its next read builds it again, and none is taken in
-    until then (``follow``)."""
-
-    __slots__ = (
-        "behind", "building", "by", "floor", "followed", "keys", "pending", "ranked", "read_ns",
-        "which",
-    )  # fmt: skip
-
-    def __init__(self, by: int, which: int, now_ns: int) -> None:
-        self.by = by
-        self.which = which  # a window (-1: all) or, for trend, a half-life's place
-        self.keys: dict[str, tuple[float, str]] = {}  # of the entities in the head
-        self.ranked: SortedList[tuple[float, str]] = SortedList()
-        self.floor: tuple[float, str] | None = None
-        self.pending: set[str] = set()
-        self.read_ns = now_ns
-        self.building: Iterator[None] | None = None
-        self.followed = 0
-        self.behind = False
-
-    def key(self, tally: Tally) -> float | None:
-        if self.by == TREND:
-            return -tally.trend(self.which)
-        count, weight = tally.window(self.which)
-        if not count:
-            return None
-        return -count if self.by == COUNT else -weight
-
-    def update(self, entity: str, tally: Tally | None) -> None:
-        """Its new place: in the head if it ranks above the floor, else left out with the
-        others below it (a member that fell below it leaves the head)."""
-        old = self.keys.pop(entity, None)
-        if old is not None:
-            self.ranked.remove(old)
-        key = None if tally is None else self.key(tally)
-        if key is not None:
-            floor = self.floor
-            # most changes rank below the floor: told apart without a pair made for them
-            if floor is None or key < floor[0] or (key == floor[0] and entity <= floor[1]):
-                pair = (key, entity)
-                self.keys[entity] = pair
-                self.ranked.add(pair)
-
-    def catch_up(self, tallies: dict[str, Tally], most: int) -> None:
-        """Moves in at most ``most`` of the pending entities."""
-        pending, update = self.pending, self.update
-        if most >= len(pending):
-            for entity in pending:
-                update(entity, tallies.get(entity))
-            pending.clear()
-        else:
-            for _ in range(most):
-                entity = pending.pop()
-                update(entity, tallies.get(entity))
-        self.trim()
-
-    def trim(self) -> None:
-        """A head grown past twice its size gives back its worst, the floor rising to the
-        last kept."""
-        if len(self.ranked) > 2 * HEAD:
-            for _, entity in self.ranked[HEAD:]:
-                del self.keys[entity]
-            del self.ranked[HEAD:]
-            self.floor = self.ranked[-1]
-
-    def short(self) -> bool:
-        """Too few left in the head above the floor (members fell below it): built again."""
-        return self.floor is not None and len(self.ranked) < HEAD // 2
-
-    def build(self, scope: Scope) -> Iterator[None]:
-        """Fills it from scratch, a slice a step: keys computed in runs of ``SLICE``, the
-        best ``HEAD`` kept as they come. What changes meanwhile is handed out as
-        ``pending``."""
-        self.keys, self.ranked, self.pending, self.floor = {}, SortedList(), set(), None
-        entities = list(scope.tallies)
-        best: list[tuple[float, str]] = []
-        ranked = 0
-        key, tallies = self.key, scope.tallies
-        for i in range(0, len(entities), SLICE):
-            run = []
-            for entity in entities[i : i + SLICE]:
-                tally = tallies.get(entity)
-                k = None if tally is None else key(tally)
-                if k is not None:
-                    run.append((k, entity))
-            ranked += len(run)
-            if len(best) == HEAD:
-                worst = best[-1]
-                run = [pair for pair in run if pair < worst]
-            if run:
-                best = sorted(best + run)[:HEAD]
-            yield
-        self.ranked = SortedList(best)
-        self.keys = {pair[1]: pair for pair in best}
-        self.floor = best[-1] if ranked > len(best) else None
-        self.building = None
-
-    def below(
-        self, scope: Scope, after: tuple[float, str] | None, n: int
-    ) -> list[tuple[float, str]]:
-        """The ``n`` best pairs past the head (and past ``after``): a page beyond the head
-        reads every entity of the scope, as a build does, but keeps nothing."""
-        assert self.floor is not None
-        start = self.floor if after is None or after < self.floor else after
-        key = self.key
-        pairs = []
-        for entity, tally in scope.tallies.items():
-            k = key(tally)
-            if k is not None and (pair := (k, entity)) > start:
-                pairs.append(pair)
-        return heapq.nsmallest(n, pairs)
+#: the third part of a kept order's name: the head, or the segment deep pages read
+TOP, DEEP = 0, 1
 
 
 def _hand_out(scope: Scope) -> None:
@@ -222,18 +94,25 @@ def follow(board: Board) -> None:
         dirty.clear()
 
 
-def _kept(board: Board, scope: Scope, by: int, which: int, now_ns: int) -> Order:
-    """The order, kept from now on, built from scratch if new, if its head ran short, or if
-    half the scope changed (a build costs half as much per entity as looking at a change:
-    0.47 µs and 0.94 µs here)."""
+def _kept(board: Board, scope: Scope, by: int, which: int, ceiling: Pair | None,
+          now_ns: int) -> Order:  # fmt: skip
+    """The order (the head, or with a ``ceiling`` the deep segment past it), kept from now
+    on, built from scratch if new, if a segment must start elsewhere, if its range ran
+    short, or if half the scope changed (a build costs half as much per entity as looking
+    at a change: 0.47 µs and 0.94 µs here)."""
     _hand_out(scope)
-    kept = scope.orders.get((by, which))
+    name = (by, which, TOP if ceiling is None else DEEP)
+    kept = scope.orders.get(name)
     if kept is None:
-        kept = scope.orders[(by, which)] = Order(by, which, now_ns)
+        kept = scope.orders[name] = Order(by, which, now_ns, ceiling)
         board.ordered.add(scope)
         kept.building = kept.build(scope)
     assert isinstance(kept, Order)
     kept.followed = 0
+    if kept.ceiling != ceiling:  # a segment past another cursor: a new one (the one it
+        # replaces may be being built for a reader, who then finds this one)
+        kept = scope.orders[name] = Order(by, which, now_ns, ceiling)
+        kept.building = kept.build(scope)
     if kept.building is None and (
         kept.behind or len(kept.pending) > max(SLICE, len(scope.tallies) // 2) or kept.short()
     ):
@@ -246,17 +125,46 @@ def _kept(board: Board, scope: Scope, by: int, which: int, now_ns: int) -> Order
     return kept
 
 
-def prepare(board: Board, slot: Slot, by: int, which: int, now_ns: int) -> Iterator[None] | None:
-    """The work a read of this order has to do before it answers, if more than a slice:
-    steps of about ``SLICE`` entities each, to run one per turn of the event loop, after
-    which what is left is small; None if it is small already."""
+def _ready(kept: Order) -> bool:
+    return kept.building is None and len(kept.pending) <= SLICE
+
+
+def _deep(board: Board, scope: Scope, head: Order, after: Pair | None, limit: int,
+          now_ns: int) -> Order | None:  # fmt: skip
+    """The segment a page past ``after`` is read from, when the head does not hold the
+    page: the one kept if it does, else one built past ``after``. Sequential pages of a
+    deep reader each find the segment holding them, a build for about every other one."""
+    if head.serves(after, limit):
+        return None
+    kept = scope.orders.get((head.by, head.which, DEEP))
+    if isinstance(kept, Order) and kept.building is None and kept.serves(after, limit):
+        return _kept(board, scope, head.by, head.which, kept.ceiling, now_ns)
+    return _kept(board, scope, head.by, head.which, after, now_ns)
+
+
+def prepare(board: Board, slot: Slot, by: int, which: int, after: Pair | None, limit: int,
+            now_ns: int) -> Iterator[None] | None:  # fmt: skip
+    """The work a read of a page past ``after`` has to do before it answers, if more than a
+    slice: steps of about ``SLICE`` entities each, to run one per turn of the event loop,
+    after which what is left is small; None if it is small already."""
     scope = board.scope(slot)
     if scope is None:
         return None
-    kept = _kept(board, scope, by, which, now_ns)
-    if kept.building is None and len(kept.pending) <= SLICE:
+    head = _kept(board, scope, by, which, None, now_ns)
+    if not _ready(head):
+        return _both(board, scope, head, after, limit, now_ns)
+    deep = _deep(board, scope, head, after, limit, now_ns)
+    if deep is None or _ready(deep):
         return None
-    return _steps(scope, kept)
+    return _steps(scope, deep)
+
+
+def _both(board: Board, scope: Scope, head: Order, after: Pair | None, limit: int,
+          now_ns: int) -> Iterator[None]:  # fmt: skip
+    yield from _steps(scope, head)
+    deep = _deep(board, scope, head, after, limit, now_ns)
+    if deep is not None and not _ready(deep):
+        yield from _steps(scope, deep)
 
 
 def _steps(scope: Scope, kept: Order) -> Iterator[None]:
@@ -269,10 +177,17 @@ def _steps(scope: Scope, kept: Order) -> Iterator[None]:
         _hand_out(scope)
 
 
-def order(board: Board, scope: Scope, by: int, which: int, now_ns: int) -> Order:
-    """``scope``'s order by ``by``, up to date with every change taken in (all at once:
-    ``prepare`` first, to keep that small)."""
-    kept = _kept(board, scope, by, which, now_ns)
+def order(board: Board, scope: Scope, by: int, which: int, after: Pair | None, limit: int,
+          now_ns: int) -> Order:  # fmt: skip
+    """The order a page of ``limit`` past ``after`` is read from (the head, or the deep
+    segment holding it), up to date with every change taken in (all at once: ``prepare``
+    first, to keep that small)."""
+    head = _current(board, scope, _kept(board, scope, by, which, None, now_ns))
+    deep = _deep(board, scope, head, after, limit, now_ns)
+    return head if deep is None else _current(board, scope, deep)
+
+
+def _current(board: Board, scope: Scope, kept: Order) -> Order:
     if kept.building is not None:
         for _ in kept.building:
             pass

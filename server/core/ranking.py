@@ -21,7 +21,8 @@ from tidal.protocol.schemas import WINDOW_ALIASES
 from . import counts, params, windows
 from .board import Board
 from .ledger import COHORT, COMMUNITY, LEDGER, Slot
-from .orders import BY, COUNT, TREND, WEIGHT, order
+from .order import BY, COUNT, TREND, WEIGHT
+from .orders import order
 
 
 def top(board: Board, slot: Slot, by: int, which: int, limit: int, after: tuple[Any, str] | None,
@@ -31,14 +32,14 @@ def top(board: Board, slot: Slot, by: int, which: int, limit: int, after: tuple[
     scope = board.scope(slot)
     if scope is None:
         return {"entities": [], "next": None, "as_of_ns": as_of_ns}
-    kept = order(board, scope, by, which, as_of_ns)
+    kept = order(board, scope, by, which, after, limit, as_of_ns)
     head = (
         kept.ranked.irange(minimum=after, inclusive=(False, False))
         if after is not None
         else iter(kept.ranked)
     )
     pairs = list(itertools.islice(head, limit + 1))  # one more: is there a next page?
-    if len(pairs) <= limit and kept.floor is not None:  # the page goes past the head
+    if len(pairs) <= limit and kept.floor is not None:  # past what the order holds (rare)
         pairs += kept.below(scope, after, limit + 1 - len(pairs))
     more = len(pairs) > limit
     factor = 1.0

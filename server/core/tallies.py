@@ -155,7 +155,7 @@ def siblings(first: Tally | None) -> list[Tally]:
 
 class Scope:
     """What one ranking reads: the tallies of one (layer, key, kind), and the orders kept
-    of them (``orders.Order``), brought up to date with ``dirty`` as each commit is taken
+    of them (``order.Order``), brought up to date with ``dirty`` as each commit is taken
     in (``orders.follow``)."""
 
     __slots__ = ("dirty", "orders", "slot", "tallies")
@@ -164,7 +164,7 @@ class Scope:
         self.slot = slot
         self.tallies: dict[str, Tally] = {}
         self.dirty: set[str] = set()  # entities changed since the orders were read
-        self.orders: dict[tuple[int, int], Any] = {}
+        self.orders: dict[tuple[int, int, int], Any] = {}  # (by, which, TOP or DEEP)
 
 
 class Log:

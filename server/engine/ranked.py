@@ -37,7 +37,7 @@ class Ranked:
         self._engine = engine
         self._clock = clock
         #: orders being prepared, each with the reads waiting for it
-        self._preparing: dict[tuple[Slot, int, int], list[Callable[[], None]]] = {}
+        self._preparing: dict[tuple[Slot, int, int], list[Callable[[bool], None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def top(self, conn: Replier, msgid: int | None, args: list[Any]) -> None:
@@ -53,18 +53,24 @@ class Ranked:
             return
         self._prepared(conn, request, answer)
 
-    def _prepared(self, conn: Replier, request: ranking.TopRequest,
-                  then: Callable[[], None]) -> None:  # fmt: skip
+    def _prepared(self, conn: Replier, request: ranking.TopRequest, then: Callable[[], None],
+                  held: bool = False) -> None:  # fmt: skip
         """``then``, once ``request``'s order needs little more work: now, or after the
-        slices ``orders.prepare`` gives, one per turn of the loop."""
+        slices ``orders.prepare`` gives, one per turn of the loop. Readers of one order
+        share its preparation, and each looks again once it is done: another's page may
+        have built the deep segment past another cursor. ``held``: its connection waits
+        for it already."""
         which = (request.slot, request.by, request.which)
         waiting = self._preparing.get(which)
         if waiting is None:
             now = self._clock()
             board = self._engine.board
             orders.evict(board, now)
-            steps = orders.prepare(board, request.slot, request.by, request.which, now)
+            steps = orders.prepare(board, request.slot, request.by, request.which,
+                                   request.after, request.limit, now)  # fmt: skip
             if steps is None:
+                if held:
+                    conn.hold(False)
                 then()
                 return
             waiting = self._preparing[which] = []
@@ -73,9 +79,12 @@ class Ranked:
             task.add_done_callback(self._tasks.discard)
         conn.hold(True)  # its later requests wait for this read
 
-        def go_on() -> None:
-            conn.hold(False)
-            then()
+        def go_on(done: bool) -> None:
+            if done:
+                self._prepared(conn, request, then, held=True)
+            else:  # stopped (the server is closing): answered as the order stands
+                conn.hold(False)
+                then()
 
         waiting.append(go_on)
 
@@ -85,6 +94,7 @@ class Ranked:
         of the event loop (and of the GIL the writer's thread needs). After that, it takes
         turns with everyone else's work without pausing, so that it ends even while writers
         change its order as fast as half the loop can move their changes in."""
+        done = False
         try:
             first = began = time.monotonic()
             for _ in steps:
@@ -93,9 +103,10 @@ class Ranked:
                     continue  # a step is about 2 ms: a turn of the loop takes a few
                 await asyncio.sleep(now - began if now - first < PACED else 0)
                 began = time.monotonic()
+            done = True
         finally:
             for go_on in self._preparing.pop(which):
-                go_on()
+                go_on(done)
 
     def _top(self, request: ranking.TopRequest) -> dict[str, Any]:
         now = self._clock()
