@@ -4,7 +4,10 @@ systems one after the other."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+
+#: the long run over 1,000,000 entities, whose checkpoints write 100,000 tallies each
+WIDE: Final = "tidal full 16x16, long, 1,000,000 entities"
 
 
 class _Verdicts:
@@ -95,15 +98,20 @@ def _latency_goals(v: _Verdicts, extra: dict[str, Any], past: dict[str, Any] | N
         f"{sorted(p50s)[len(p50s) // 2]:.2f} ms ({min(p50s):.2f}-{max(p50s):.2f});"
         f" p99 {counts['p99_ms']:.2f} ms",
     )
-    long = extra["tidal full 16x16, long"]
-    tails = [r["p999_ms"] / r["p50_ms"] for r in long["runs"]]
-    v.goal(
-        f"5. p99.9 ≤ 3x p50, 16x16 over {long['requests']:,} signals (checkpoints included)",
-        [3.0 / t for t in tails],
-        1.0,
-        f"{long['p999_ms']:.1f} / {long['p50_ms']:.1f} ms: {sorted(tails)[len(tails) // 2]:.2f}x"
-        f" ({min(tails):.2f}-{max(tails):.2f})",
-    )
+    for name, over in (("tidal full 16x16, long", ""), (WIDE, ", 1,000,000 entities")):
+        long = extra.get(name)
+        if long is None:
+            continue
+        tails = [r["p999_ms"] / r["p50_ms"] for r in long["runs"]]
+        v.goal(
+            f"5. p99.9 ≤ 3x p50, 16x16 over {long['requests']:,} signals{over} (checkpoints"
+            " included)",
+            [3.0 / t for t in tails],
+            1.0,
+            f"{long['p999_ms']:.1f} / {long['p50_ms']:.1f} ms:"
+            f" {sorted(tails)[len(tails) // 2]:.2f}x ({min(tails):.2f}-{max(tails):.2f});"
+            f" p99 {long['p99_ms']:.1f} ms",
+        )
     v.goal(
         "6. 100% Left ≥ 0% Left (tidal full, 16x16)",
         _per_round(extra["tidal full 16x16, 100% left"], extra["tidal full 16x16, 0% left"]),

@@ -14,6 +14,7 @@ from bench.big_ranking import big_ranking_figures
 from bench.board import board_boot_figures
 from bench.cluster import cluster_figures
 from bench.feed import feed_figures
+from bench.goals import WIDE
 from bench.groups import group_figures
 from bench.http_edge import http_figures
 from bench.past import past_figures
@@ -165,6 +166,10 @@ def _loads(scale: float, extra: _Extra) -> None:
     # long enough to cross checkpoints (every 200,000 signals): their stalls show in p99.9
     with tidal_server("full") as srv:
         extra["tidal full 16x16, long"] = tidal_bench(srv, 16, 16, 5 * n)
+    # ... and over 1,000,000 entities: each checkpoint writes 100,000 changed tallies, and
+    # now and then the current minute's and hour's buckets whole (``aggregates``)
+    with tidal_server("full") as srv:
+        extra[WIDE] = tidal_bench(srv, 16, 16, 5 * n, entities=1_000_000)
     with tidal_server("full") as srv:
         extra["counts under 16x16 signals"] = counts_under_load(srv, n)
     for workload in ("top", "top_window", "top_trend"):

@@ -269,8 +269,8 @@ async def test_fan_out_is_bounded_per_request_and_checkpointed_by_size(db_path: 
                 [i, f"e{r}-{i}", "v", 1.0, {"communities": [f"c{j}" for j in range(64)]}]
                 for i in range(230)
             ]
-            # the third commits with the checkpoint of 490,000 aggregates and their buckets
-            # (a second or two here: the writer's, docs/DESIGN.md)
+            # each after the first commits with the checkpoint of the 245,000 aggregates of
+            # the one before, and their buckets (a fraction of a second: docs/DESIGN.md)
             peer.send([0, 5000 + r, "signal_batch", [batch]])
             reply = await peer.receive(timeout=120)
             assert reply[2] is None, reply[2]
