@@ -263,3 +263,67 @@ def test_deep_pages_come_from_a_segment_built_in_slices_never_from_a_scan() -> N
     assert builds <= pages // 4 + 2, (builds, pages)
     kept, ranked = orders.kept_orders(board)
     assert kept == 2 and ranked <= 2 * (order.HEAD + order.SEGMENT), (kept, ranked)
+
+
+async def test_two_readers_paging_deep_at_once_each_read_the_whole_ranking(
+    database: Database,
+) -> None:
+    """Two readers page one ranking of 30,000 entities to its end, 1,000 a page, the second
+    starting once the first is 15 pages deep, while a third client signals elsewhere. They
+    share the order's one deep segment, which each builds again past its own cursor: each
+    reads every entity once, in the order a sort gives (nothing changes the ranking
+    meanwhile), neither waits for ever, and the third client is answered throughout."""
+    n = 30_000
+    process = await ServerProcess(database.target).start()
+    try:
+        async with await process.connect() as c:
+            for start in range(0, n, 5_000):
+                await c.signal_batch(
+                    [
+                        Signal(1, f"e{i}", "view", float(i % 997 + 1), communities=["big"])
+                        for i in range(start, start + 5_000)
+                    ]
+                )
+        want = [e for _, e in sorted((-float(i % 997 + 1), f"e{i}") for i in range(n))]
+        deep = asyncio.Event()
+
+        async def reader(wait: asyncio.Event | None) -> list[str]:
+            if wait is not None:
+                await wait.wait()
+            read: list[str] = []
+            async with await process.connect() as r:
+                after = None
+                while True:
+                    page = await r.top("community", "big", "view", by="weight", limit=1000,
+                                       after=after)  # fmt: skip
+                    read += [e.entity for e in page.entities]
+                    if len(read) >= 15_000:
+                        deep.set()
+                    if page.next is None:
+                        return read
+                    after = page.next
+
+        answered = 0
+        stop = asyncio.Event()
+
+        async def other() -> None:
+            nonlocal answered
+            async with await process.connect() as o:
+                while not stop.is_set():
+                    await o.signal(2, "x", "view", communities=["elsewhere"])
+                    answered += 1
+
+        probe = asyncio.create_task(other())
+        first, second = await asyncio.wait_for(
+            asyncio.gather(reader(None), reader(deep)), timeout=300
+        )
+        stop.set()
+        await probe
+        assert first == want, "the first reader's pages are not the ranking, in order"
+        assert second == want, "the second reader's pages are not the ranking, in order"
+        assert answered > 0, "the other client was not answered while the readers paged"
+        async with await process.connect() as c:
+            stats = await c.stats()
+        assert stats["rankings_kept"] == 2, stats  # the head and one deep segment
+    finally:
+        assert await process.stop() == 0

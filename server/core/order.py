@@ -21,8 +21,8 @@ COUNT, WEIGHT, TREND = 0, 1, 2
 #: entities whose keys are computed and sorted per turn of the event loop when an order
 #: is built (about 2 ms of work here); a quarter as many moved into a built order
 SLICE: Final = 4096
-#: pairs an order keeps, the rest left below its floor; twice ``ranking.TOP_LIMIT``, so
-#: that a page of the most answers from it
+#: pairs the head of an order keeps, the rest left below its floor; twice
+#: ``ranking.TOP_LIMIT``, so that a page of the most answers from it
 HEAD: Final = 2048
 #: pairs a deep segment keeps: a reader paging on past the head, 1,000 at a time, builds
 #: one for about every seventh page (with ``HEAD``, every page or second page: each
@@ -36,13 +36,12 @@ class Order:
     """A range of a scope's ranking: its ``size`` best pairs (-score, entity) with signals
     in the window, sorted, past ``ceiling`` if it has one (a segment read by deep pages,
     ``SEGMENT`` of them; None: the head, from the top, ``HEAD``). Every entity left out
-    ranks below ``floor``, the worst
-    pair taken in when it was built (None: none was left out), or at or above the ceiling.
-    ``pending``: entities whose
-    key may have changed since they were looked at. ``building``: the steps that fill it
-    from scratch, until they are done. ``followed``: changes taken in since it was last
-    read; ``behind``: so many that its next read builds it again, and none is taken in
-    until then (``follow``)."""
+    ranks below ``floor``, the worst pair taken in when it was built (None: none was left
+    out), or at or above the ceiling. ``pending``: entities whose key may have changed
+    since they were looked at. ``building``: the steps that fill it from scratch, until
+    they are done. ``followed``: changes taken in since it was last read; ``behind``: so
+    many that its next read builds it again, and none is taken in until then
+    (``orders.follow``)."""
 
     __slots__ = (
         "behind", "building", "by", "ceiling", "floor", "followed", "keys", "pending", "ranked",
@@ -101,8 +100,8 @@ class Order:
         self.trim()
 
     def trim(self) -> None:
-        """A head grown past twice its size gives back its worst, the floor rising to the
-        last kept."""
+        """Grown past twice its size, it gives back its worst, the floor rising to the last
+        kept."""
         size = self.size
         if len(self.ranked) > 2 * size:
             for _, entity in self.ranked[size:]:

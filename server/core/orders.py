@@ -133,7 +133,7 @@ def _deep(board: Board, scope: Scope, head: Order, after: Pair | None, limit: in
           now_ns: int) -> Order | None:  # fmt: skip
     """The segment a page past ``after`` is read from, when the head does not hold the
     page: the one kept if it does, else one built past ``after``. Sequential pages of a
-    deep reader each find the segment holding them, a build for about every other one."""
+    deep reader find the segment holding them, a build for about every seventh page."""
     if head.serves(after, limit):
         return None
     kept = scope.orders.get((head.by, head.which, DEEP))
