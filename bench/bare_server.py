@@ -2,7 +2,8 @@
 
 It decodes each request and answers it with a result shaped like tidal's
 (``{"seq": n, "forwarded": true}``), in one write per chunk of input, so the
-gap between it and tidal is what tidal's own work costs.
+gap between it and tidal is what tidal's own work costs. The reads ``tidal bench``
+makes before its clock starts are answered as an empty tidal would (``EMPTY``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from typing import Any, cast
 
 import msgpack
 import uvloop
+
+EMPTY: dict[str, Any] = {  # what an empty tidal answers to the set-up's reads
+    "cohorts": {"cohorts": {}, "more": None},
+    "stats": {"ledger_rows": 0, "signals": 0},
+    "left_users": {"users": [], "next": None},
+}
 
 
 class Bare(asyncio.Protocol):
@@ -34,7 +41,9 @@ class Bare(asyncio.Protocol):
                 continue
             self.seq += 1
             result: Any = {"seq": self.seq, "forwarded": True}
-            if message[2] == "signal_batch":
+            if message[2] in EMPTY:
+                result = EMPTY[message[2]]
+            elif message[2] == "signal_batch":
                 result = [result] * len(message[3][0])
             out.append(pack([1, message[1], None, result]))
         if out:

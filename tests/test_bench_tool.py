@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ from tidal.cli.workload import BenchConfig
 from tidal.client import Client, Signal
 from tidal.server import Config, Server
 
+BARE = Path(__file__).resolve().parent.parent / "bench" / "bare_server.py"
+
 
 async def test_bench_drives_a_server_and_reads_its_cpu(server: Server) -> None:
     host, port = server.address
@@ -28,6 +31,33 @@ async def test_bench_drives_a_server_and_reads_its_cpu(server: Server) -> None:
     assert result.p50_ms > 0 and result.server_cpu_us is not None and result.server_cpu_us > 0
     async with await Client.connect(host, port) as client:
         assert (await client.stats())["signals"] == 8000
+
+
+async def test_bench_drives_the_bare_stack_make_bench_compares_against() -> None:
+    """``bench/bare_server.py``, the floor every table of make bench is measured against,
+    answers the set-up's reads as an empty tidal would: a change to that set-up once
+    stopped make bench at its first run (``cohorts`` answered with no cohorts)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(BARE), "--port", "0", stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stderr is not None
+        line = (await proc.stderr.readline()).decode()
+        assert line.startswith("listening on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        for cfg, signals in (
+            (BenchConfig(requests=2000), 2000),
+            (BenchConfig(requests=8, workload="batch"), 8000),
+        ):
+            cfg = dataclasses.replace(
+                cfg, port=port, clients=2, pipeline=4, allow_data=True, keep=True,
+                server_pid=proc.pid,
+            )  # fmt: skip
+            result = await run(cfg)
+            assert (result.signals, result.errors) == (signals, 0), cfg.workload
+    finally:
+        proc.kill()
+        await proc.wait()
 
 
 async def test_bench_drives_the_http_edge_with_the_same_requests(tmp_path: Path) -> None:
