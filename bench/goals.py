@@ -52,13 +52,15 @@ def goals(results: dict[str, Any]) -> list[str]:
 
 def _speed_goals(v: _Verdicts, shapes: dict[str, Any], extra: dict[str, Any]) -> None:
     """CPU per signal and throughput against Redis; batches against single signals."""
-    for shape in ("16x16", "50x1", "4x64"):
+    # issue 55: at 50x1 (a reply per request, little to share a commit) within 2x
+    for shape, times in (("16x16", 1), ("50x1", 2), ("4x64", 1)):
         tidal, redis = shapes["tidal full"][shape], shapes["redis always"][shape]
         cpu = _per_round(redis, tidal, "server_cpu_us")
+        bound = "Redis always" if times == 1 else f"{times}x Redis always"
         v.goal(
-            f"1. CPU per signal, tidal full ≤ Redis always, {shape} (Redis/tidal)",
+            f"1. CPU per signal, tidal full ≤ {bound}, {shape} (Redis/tidal)",
             cpu,
-            1.0,
+            1.0 / times,
             f"{tidal['server_cpu_us']:.1f} vs {redis['server_cpu_us']:.1f} µs:"
             f" {sorted(cpu)[len(cpu) // 2]:.2f}x ({min(cpu):.2f}-{max(cpu):.2f})",
         )
