@@ -39,8 +39,13 @@ _replies = Throttle(log)
 #: Applying requests from one connection gives the loop back after this long, so that
 #: a client with much to do never keeps the others waiting for longer.
 SLICE_SECONDS = 0.02
-#: A larger message is decoded, and let go of, this many bytes' worth at a time.
+#: A larger message is decoded this many bytes' worth at a time.
 DECODE_SLICE = 64 * 1024
+#: ... and one of more than this many slices (256 KiB) let go of a slice at a time too
+#: (``Disposer``). A smaller one goes at once: at most about 10 ms even if it is all empty
+#: arrays (40 ns a byte here), 0.14 ms for a batch of 1,000 signals (76 KB), whose walk
+#: through the disposer took 3.6 ms (a fifth of the batch path's CPU).
+DISPOSE_SLICES = 4
 #: A subscriber closed for lagging has this long to read what was sent to it, the last
 #: notification saying why, before its connection is cut.
 END_SECONDS = 10.0
@@ -61,6 +66,8 @@ class ServerConnection(asyncio.Protocol):
         self._scheduled = False
         self.last_active = time.monotonic()
         self.partial_since: float | None = None  # when the message still arriving began
+        #: the slices the message being decoded has come in so far (it may span turns)
+        self._slices = 0
         self._metrics = state.metrics
         self.listener: Listener | None = None  # its change feed subscription, if any
         self._cut: asyncio.TimerHandle | None = None
@@ -144,13 +151,13 @@ class ServerConnection(asyncio.Protocol):
         flow = self.flow
         metrics = self._metrics
         began = now = time.monotonic()
-        sliced = False  # the message being decoded came in slices: it is large
+        sliced = self._slices  # the message being decoded came in slices: it is large
         self._input_left = True
         try:
             while not (flow.stopped or self.closed):
                 event = conn.next_event()
                 if event is DECODING:  # a slice of a large message: the clock still runs
-                    sliced = True
+                    sliced += 1
                     if not self._auth.done:
                         self._too_much_before_auth()
                         return
@@ -190,10 +197,12 @@ class ServerConnection(asyncio.Protocol):
                     self.reply_error(event.msgid, event.code, event.message)
                 # a stray Response is ignored: we never send requests
                 if sliced:
-                    sliced = False
-                    if type(event) is Request or type(event) is Notification:
+                    if sliced >= DISPOSE_SLICES and (
+                        type(event) is Request or type(event) is Notification
+                    ):
                         # freed a slice at a time, not all at once when ``event`` goes
                         self._state.disposer.add(event.params)
+                    sliced = 0
                 if self.inflight >= self._max_inflight:
                     flow.set(FlowControl.BUSY, True)
                 now = time.monotonic()
@@ -204,6 +213,7 @@ class ServerConnection(asyncio.Protocol):
             self._input_left = False
             self._protocol_failure(exc)
             return
+        self._slices = sliced
         self.flush()
 
     def _too_much_before_auth(self) -> None:
