@@ -35,8 +35,9 @@ async def test_bench_drives_a_server_and_reads_its_cpu(server: Server) -> None:
 
 async def test_bench_drives_the_bare_stack_make_bench_compares_against() -> None:
     """``bench/bare_server.py``, the floor every table of make bench is measured against,
-    answers the set-up's reads as an empty tidal would: a change to that set-up once
-    stopped make bench at its first run (``cohorts`` answered with no cohorts)."""
+    answers the set-up's reads as an empty tidal would: once bench read the cohorts first,
+    the bare stack answered that read like a signal, and make bench stopped at its first
+    run."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(BARE), "--port", "0", stderr=asyncio.subprocess.PIPE
     )
