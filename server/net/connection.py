@@ -27,6 +27,7 @@ from tidal.server.core.replies import Listener
 from tidal.server.logs import Throttle
 
 from .auth import AUTH_ATTEMPTS, PREAUTH_BYTES, Auth
+from .dispose import DECODE_SLICE, LARGE_SLICES
 from .flow import Allowance, FlowControl
 from .outgoing import Outbox, busy
 from .shared import Served, ServerState
@@ -39,13 +40,6 @@ _replies = Throttle(log)
 #: Applying requests from one connection gives the loop back after this long, so that
 #: a client with much to do never keeps the others waiting for longer.
 SLICE_SECONDS = 0.02
-#: A larger message is decoded this many bytes' worth at a time.
-DECODE_SLICE = 64 * 1024
-#: ... and one of more than this many slices (256 KiB) let go of a slice at a time too
-#: (``Disposer``). A smaller one goes at once: at most about 10 ms even if it is all empty
-#: arrays (40 ns a byte here), 0.14 ms for a batch of 1,000 signals (76 KB), whose walk
-#: through the disposer took 3.6 ms (a fifth of the batch path's CPU).
-DISPOSE_SLICES = 4
 #: A subscriber closed for lagging has this long to read what was sent to it, the last
 #: notification saying why, before its connection is cut.
 END_SECONDS = 10.0
@@ -66,8 +60,7 @@ class ServerConnection(asyncio.Protocol):
         self._scheduled = False
         self.last_active = time.monotonic()
         self.partial_since: float | None = None  # when the message still arriving began
-        #: the slices the message being decoded has come in so far (it may span turns)
-        self._slices = 0
+        self._slices = 0  # of the message being decoded so far: it may span turns
         self._metrics = state.metrics
         self.listener: Listener | None = None  # its change feed subscription, if any
         self._cut: asyncio.TimerHandle | None = None
@@ -197,11 +190,8 @@ class ServerConnection(asyncio.Protocol):
                     self.reply_error(event.msgid, event.code, event.message)
                 # a stray Response is ignored: we never send requests
                 if sliced:
-                    if sliced >= DISPOSE_SLICES and (
-                        type(event) is Request or type(event) is Notification
-                    ):
-                        # freed a slice at a time, not all at once when ``event`` goes
-                        self._state.disposer.add(event.params)
+                    if sliced > LARGE_SLICES and isinstance(event, (Request, Notification)):
+                        self._state.disposer.add(event.params)  # not all at once as it goes
                     sliced = 0
                 if self.inflight >= self._max_inflight:
                     flow.set(FlowControl.BUSY, True)
